@@ -1,0 +1,15 @@
+// Subcommands of the tq tool. Each Register* adds its subcommand to the app.
+#ifndef TQ_TOOLS_COMMANDS_H_
+#define TQ_TOOLS_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+
+namespace tq::tools {
+
+void RegisterDemo(CLI::App& app);
+void RegisterDistortion(CLI::App& app);
+void RegisterBenchCodec(CLI::App& bench);
+
+}  // namespace tq::tools
+
+#endif  // TQ_TOOLS_COMMANDS_H_

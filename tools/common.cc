@@ -1,0 +1,159 @@
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace tq::tools {
+
+void Table::Print(std::FILE* out) const {
+  std::vector<size_t> w(header_.size(), 0);
+  for (size_t c = 0; c < header_.size(); ++c) w[c] = header_[c].size();
+  for (const auto& r : rows_) {
+    for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    for (size_t c = 0; c < w.size(); ++c) {
+      const std::string& s = c < cells.size() ? cells[c] : std::string();
+      std::fprintf(out, "%s%*s", c ? "  " : "", static_cast<int>(w[c]), s.c_str());
+    }
+    std::fprintf(out, "\n");
+  };
+  line(header_);
+  size_t total = 0;
+  for (size_t c = 0; c < w.size(); ++c) total += w[c] + (c ? 2 : 0);
+  std::fprintf(out, "%s\n", std::string(total, '-').c_str());
+  for (const auto& r : rows_) line(r);
+}
+
+std::string Fmt(double v, int significant) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*g", significant, v);
+  return buf;
+}
+
+std::string FmtFixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
+void Progress::Update(size_t done, size_t total) {
+  const auto now = std::chrono::steady_clock::now();
+  if (done < total && now - last_ < std::chrono::milliseconds(250)) return;
+  last_ = now;
+  const double secs = std::chrono::duration<double>(now - start_).count();
+  std::fprintf(stderr, "progress: %s %zu/%zu (%.0f%%), %.1f s\n", what_.c_str(), done, total,
+               total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+               secs);
+}
+
+void Progress::Done() {
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::fprintf(stderr, "progress: %s done in %.1f s\n", what_.c_str(), secs);
+}
+
+namespace {
+std::string Escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+}  // namespace
+
+Status WriteSvgPlot(const std::string& path, const PlotSpec& plot) {
+  if (path.size() < 5 || path.substr(path.size() - 4) != ".svg") {
+    return InvalidArgumentError("plot path '" + path + "' must end in .svg (SVG is written directly)");
+  }
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  for (const auto& s : plot.series) {
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (plot.log_y && !(s.y[i] > 0)) {
+        return InvalidArgumentError("plot: series '" + s.name + "' has a non-positive value on a log axis");
+      }
+      const double yv = plot.log_y ? std::log10(s.y[i]) : s.y[i];
+      x0 = std::min(x0, s.x[i]); x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, yv); y1 = std::max(y1, yv);
+    }
+  }
+  if (!(x0 <= x1) || !(y0 <= y1)) return InvalidArgumentError("plot: nothing to draw");
+  if (plot.log_y) { y0 = std::floor(y0); y1 = std::ceil(y1); }
+  if (x1 == x0) { x0 -= 1; x1 += 1; }
+  if (y1 == y0) { y0 -= 1; y1 += 1; }
+  const double W = 720, H = 480, L = 80, R = 200, T = 40, B = 60;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) {
+    const double v = plot.log_y ? std::log10(y) : y;
+    return T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+  };
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                  "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  std::ostringstream o;
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
+    << Escape(plot.title) << "</text>\n";
+  o << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B
+    << "\" stroke=\"black\"/>\n";
+  o << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B
+    << "\" stroke=\"black\"/>\n";
+  // y ticks: decades on a log axis, 5 even ticks otherwise.
+  const int nyt = plot.log_y ? static_cast<int>(y1 - y0) : 5;
+  for (int i = 0; i <= nyt; ++i) {
+    const double v = y0 + (y1 - y0) * i / nyt;
+    const double yy = plot.log_y ? std::pow(10.0, v) : v;
+    const double ypix = py(yy);
+    o << "<line x1=\"" << L - 4 << "\" y1=\"" << ypix << "\" x2=\"" << W - R << "\" y2=\"" << ypix
+      << "\" stroke=\"#ddd\"/>\n";
+    o << "<text x=\"" << L - 8 << "\" y=\"" << ypix + 4 << "\" text-anchor=\"end\">"
+      << (plot.log_y ? "1e" + std::to_string(static_cast<int>(std::lround(v))) : Fmt(v, 3))
+      << "</text>\n";
+  }
+  for (int i = 0; i <= 5; ++i) {
+    const double v = x0 + (x1 - x0) * i / 5;
+    o << "<text x=\"" << px(v) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">"
+      << Fmt(v, 3) << "</text>\n";
+  }
+  o << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 15 << "\" text-anchor=\"middle\">"
+    << Escape(plot.x_label) << "</text>\n";
+  o << "<text transform=\"translate(18," << (T + H - B) / 2
+    << ") rotate(-90)\" text-anchor=\"middle\">" << Escape(plot.y_label) << "</text>\n";
+  for (size_t k = 0; k < plot.series.size(); ++k) {
+    const auto& s = plot.series[k];
+    const char* color = kColors[k % 8];
+    o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\""
+      << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << " points=\"";
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      o << px(s.x[i]) << "," << py(s.y[i]) << " ";
+    }
+    o << "\"/>\n";
+    for (size_t i = 0; i < s.x.size() && i < s.y.size() && !s.dashed; ++i) {
+      o << "<circle cx=\"" << px(s.x[i]) << "\" cy=\"" << py(s.y[i]) << "\" r=\"3\" fill=\""
+        << color << "\"/>\n";
+    }
+    const double ly = T + 10 + 20 * k;
+    o << "<line x1=\"" << W - R + 12 << "\" y1=\"" << ly << "\" x2=\"" << W - R + 36 << "\" y2=\""
+      << ly << "\" stroke=\"" << color << "\" stroke-width=\"2\""
+      << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>\n";
+    o << "<text x=\"" << W - R + 42 << "\" y=\"" << ly + 4 << "\">" << Escape(s.name)
+      << "</text>\n";
+  }
+  o << "</svg>\n";
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return IoError("cannot open plot file '" + path + "' for writing");
+  f << o.str();
+  if (!f) return IoError("failed writing plot file '" + path + "'");
+  return Status::Ok();
+}
+
+}  // namespace tq::tools
