@@ -119,8 +119,14 @@ Status WriteSvgPlot(const std::string& path, const PlotSpec& plot) {
       << (plot.log_y ? "1e" + std::to_string(static_cast<int>(std::lround(v))) : Fmt(v, 3))
       << "</text>\n";
   }
-  for (int i = 0; i <= 5; ++i) {
-    const double v = x0 + (x1 - x0) * i / 5;
+  // x ticks: every integer when the data are small integers (bits), else 6 even ticks.
+  bool integer_x = x1 - x0 <= 12;
+  for (const auto& s : plot.series) {
+    for (double v : s.x) integer_x = integer_x && v == std::floor(v);
+  }
+  const int nxt = integer_x ? static_cast<int>(x1 - x0) : 5;
+  for (int i = 0; i <= nxt; ++i) {
+    const double v = x0 + (x1 - x0) * i / nxt;
     o << "<text x=\"" << px(v) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">"
       << Fmt(v, 3) << "</text>\n";
   }

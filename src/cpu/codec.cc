@@ -1,29 +1,61 @@
-// TEMPORARY: forwards to the scalar reference until the Highway kernels land.
+// Highway SIMD kernels of the CPU codec: dynamic dispatch over the per-target
+// code in cpu/codec-inl.h (see there for the arithmetic contract: the code
+// bytes equal tq::ref's on every target).
 #include "cpu/dispatch.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/codec.cc"  // relative to the src/ include dir
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "cpu/codec-inl.h"
+
+#if HWY_ONCE
 
 #include <hwy/targets.h>
 
-#include "ref/kernels.h"
 #include "tq/version.h"
 
 namespace tq::cpu {
 
+HWY_EXPORT(EncodeRowsImpl);
+HWY_EXPORT(DecodeRowsImpl);
+HWY_EXPORT(ScoreRowsImpl);
+HWY_EXPORT(TargetNameImpl);
+
 size_t EncodeRows(const CodecPlan& plan, const float* x, size_t rows, uint8_t* out) {
-  return ref::EncodeRows(plan, x, rows, out);
+  return HWY_DYNAMIC_DISPATCH(EncodeRowsImpl)(plan, x, rows, out);
 }
+
 void DecodeRows(const CodecPlan& plan, const uint8_t* codes, size_t rows, float* out) {
-  ref::DecodeRows(plan, codes, rows, out);
+  HWY_DYNAMIC_DISPATCH(DecodeRowsImpl)(plan, codes, rows, out);
 }
+
 void ScoreRows(const CodecPlan& plan, const float* q_rot, const float* q_sketch,
                const uint8_t* codes, size_t rows, float* scores) {
-  ref::ScoreRows(plan, q_rot, q_sketch, codes, rows, scores);
+  HWY_DYNAMIC_DISPATCH(ScoreRowsImpl)(plan, q_rot, q_sketch, codes, rows, scores);
 }
-std::vector<int64_t> AvailableTargets() { return hwy::SupportedAndGeneratedTargets(); }
-void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+// The real (unforced) list, computed once: while ForceTarget is active,
+// hwy::SupportedTargets() reports only the forced target. ForceTarget calls
+// this before forcing, so the cache never sees a forced mask unless a caller
+// forces targets through hwy directly.
+std::vector<int64_t> AvailableTargets() {
+  static const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  return targets;
+}
+
+void ForceTarget(int64_t target) {
+  (void)AvailableTargets();
+  hwy::SetSupportedTargetsForTest(target);
+}
+
 const char* TargetName(int64_t target) { return hwy::TargetName(target); }
 
 }  // namespace tq::cpu
 
 namespace tq {
-const char* ActiveSimdTarget() { return "scalar-ref"; }
+const char* ActiveSimdTarget() { return HWY_DYNAMIC_DISPATCH(cpu::TargetNameImpl)(); }
 }  // namespace tq
+
+#endif  // HWY_ONCE
