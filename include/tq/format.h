@@ -40,6 +40,9 @@ Status UnpackBits(std::span<const uint8_t> in, int bits, std::span<uint8_t> valu
 uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);
 inline constexpr float kHalfMax = 65504.0f;
+// bfloat16: the high half of a float32, round to nearest even (NaN stays NaN).
+uint16_t FloatToBFloat16(float f);
+float BFloat16ToFloat(uint16_t h);
 
 // Little-endian scalar stores/loads at any byte offset.
 void StoreLE16(uint16_t v, uint8_t* p);

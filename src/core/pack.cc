@@ -103,6 +103,15 @@ float HalfToFloat(uint16_t h) {
   return std::bit_cast<float>(out);
 }
 
+uint16_t FloatToBFloat16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
+  const uint32_t rounded = x + 0x7FFFu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+float BFloat16ToFloat(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
 void StoreLE16(uint16_t v, uint8_t* p) { p[0] = v & 0xFF; p[1] = v >> 8; }
 void StoreLE32(uint32_t v, uint8_t* p) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));

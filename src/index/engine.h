@@ -1,0 +1,213 @@
+// Internals shared by FlatIndex and IvfIndex: the validated spec and codec,
+// the storage of one set of codes (a flat index, or one IVF list), query
+// tables, scanning into bounded heaps, and the file sections of a store.
+// Internal header.
+#ifndef TQ_SRC_INDEX_ENGINE_H_
+#define TQ_SRC_INDEX_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "index/fastscan.h"
+#include "tq/codec.h"
+#include "tq/index.h"
+#include "tq/status.h"
+
+namespace tq::index_internal {
+
+// A scored candidate; `list` is the IVF probe (0 for a flat index), `pos` the
+// position in that store.
+struct Cand {
+  float score = 0;
+  uint32_t list = 0;
+  uint64_t pos = 0;
+};
+// Higher score first; ties to the lower (list, pos), so results do not depend
+// on the order candidates arrive in.
+inline bool Better(const Cand& a, const Cand& b) {
+  if (a.score != b.score) return a.score > b.score;
+  if (a.list != b.list) return a.list < b.list;
+  return a.pos < b.pos;
+}
+
+// Bounded selection of the best `cap` candidates (a heap with the worst on top).
+class TopK {
+ public:
+  explicit TopK(size_t cap) : cap_(cap) { heap_.reserve(cap); }
+  // Candidates scoring below this cannot enter (-inf until full).
+  float threshold() const { return full() ? heap_.front().score : -INFINITY; }
+  bool full() const { return heap_.size() >= cap_; }
+  void Push(const Cand& c);
+  // Best first; empties the heap.
+  std::vector<Cand> Take();
+
+ private:
+  size_t cap_;
+  std::vector<Cand> heap_;
+};
+
+// The codes of one flat index or one IVF list. Positions are append-only
+// until Compact; removed positions stay as tombstones.
+struct Store {
+  size_t n = 0;     // positions in use (live + removed)
+  size_t live = 0;
+  std::vector<int64_t> ids;       // [n]
+  std::vector<uint8_t> removed;   // [n] 0/1
+  // Fast-scan layout (Engine::fast): groups of 32 vectors (fastscan.h).
+  std::vector<uint8_t> groups;    // [ceil(n/32)][group_bytes]
+  std::vector<float> scales;      // [ceil(n/32)][num_rblocks][32]; empty for IndexScales::kNone
+  // Otherwise: the codec's rows.
+  std::vector<uint8_t> rows;      // [n][row_bytes]
+  std::vector<float> norms2;      // Metric::kL2: squared norm of each encoded vector; fast: padded to groups*32
+  std::vector<float> originals;   // store_originals: [n][dim] (normalized for kCosine)
+  size_t num_groups() const { return (n + kGroup - 1) / kGroup; }
+};
+
+struct Engine {
+  IndexSpec spec;
+  Codec codec;
+  bool fast = false;        // MSE at b <= 4: fast-scan layout
+  ScanLayout layout;
+  size_t file_row_bytes = 0;  // codec row bytes, without scales for kNone
+  // FlatIndex state.
+  Store store;
+  std::unordered_map<int64_t, size_t> pos_of;
+  int64_t next_id = 0;
+};
+
+// Validates the spec (errors name the field and what is accepted) and
+// initializes everything but the stores.
+Status InitEngine(const IndexSpec& spec, Engine* e);
+
+// Checks sizes and finiteness; returns x, normalized per row for kCosine
+// (zero rows are rejected for kCosine).
+Result<std::vector<float>> PrepareVectors(const Engine& e, std::span<const float> x,
+                                          const char* what);
+// Validates ids for an add of n vectors (none present in `present`, no
+// duplicates) or assigns next_id.. when ids is empty.
+Result<std::vector<int64_t>> AssignIds(std::span<const int64_t> ids, size_t n, int64_t next_id,
+                                       const std::unordered_map<int64_t, size_t>& present);
+
+// Encodes x ([n, dim]) to codec rows (staging; nothing stored yet).
+Status EncodeRows(const Engine& e, std::span<const float> x, std::vector<uint8_t>* rows,
+                  size_t threads);
+// Appends n encoded rows. x: the encoded vectors (for L2 norms), orig: what
+// store_originals keeps (may be null when not kept).
+void AppendRows(const Engine& e, Store* s, const uint8_t* rows, const int64_t* ids, const float* x,
+                const float* orig, size_t n);
+// Codec row of position p (scales included even for kNone, as 1.0).
+void GetRow(const Engine& e, const Store& s, size_t p, uint8_t* row);
+// Drops removed positions.
+void CompactStore(const Engine& e, Store* s);
+
+// Per-query tables for one store context.
+struct QueryTables {
+  std::vector<float> rotated;     // Π q · (2 for kL2)
+  Codec::Query codec_query;       // rows mode
+  std::vector<float> lut_f;       // fast: [slots][16]
+  std::vector<uint8_t> lut8;      // fast: [slots][16]
+  ScanQuery scan;
+};
+// q: the prepared query (normalized for kCosine; a residual for IVF L2).
+void BuildQueryTables(const Engine& e, const float* q, QueryTables* t);
+
+// One store to scan for one query: its tables and the constant added to
+// every score (see engine.cc).
+struct Probe {
+  const Store* store = nullptr;
+  const QueryTables* tables = nullptr;
+  float offset = 0;
+  uint32_t list = 0;
+};
+
+// Top candidates of nq (<= kMaxScanQueries) queries over their probes
+// (probes[q] for query q), with exact float scores, best first, at most
+// max(k, rerank) each; fast-scan candidates are re-scored first.
+// Scores: larger is nearer (kL2: minus the squared distance).
+void SearchProbes(const Engine& e, const std::vector<Probe>* probes, size_t nq,
+                  const SearchParams& params, std::vector<Cand>* out);
+
+// Validates search params against the engine (k >= 1, rerank, ...).
+Status CheckSearchParams(const Engine& e, const SearchParams& params, bool ivf);
+
+// Exact score of a stored original against the prepared query (larger is nearer).
+float ExactScore(const Engine& e, const float* q, const float* x);
+
+// --- Files (docs/FORMAT.md, "Index files") ---------------------------------
+inline constexpr uint32_t kIndexFileVersion = 1;
+inline constexpr uint32_t kKindFlat = 1;
+inline constexpr uint32_t kKindIvf = 2;
+constexpr uint32_t Tag(const char (&s)[5]) {
+  return static_cast<uint32_t>(static_cast<uint8_t>(s[0])) |
+         static_cast<uint32_t>(static_cast<uint8_t>(s[1])) << 8 |
+         static_cast<uint32_t>(static_cast<uint8_t>(s[2])) << 16 |
+         static_cast<uint32_t>(static_cast<uint8_t>(s[3])) << 24;
+}
+
+class FileWriter {
+ public:
+  void Add(uint32_t tag, std::vector<uint8_t> payload);
+  std::vector<uint8_t> Finish(uint32_t kind) const;
+
+ private:
+  std::vector<std::pair<uint32_t, std::vector<uint8_t>>> sections_;
+};
+
+class FileReader {
+ public:
+  // Verifies magic, versions, kind, every checksum and the exact length.
+  static Result<FileReader> Parse(std::span<const uint8_t> bytes, uint32_t kind);
+  // The payload of a section that must be present exactly once.
+  Result<std::span<const uint8_t>> Get(uint32_t tag) const;
+  bool Has(uint32_t tag) const;
+
+ private:
+  std::vector<std::pair<uint32_t, std::span<const uint8_t>>> sections_;
+};
+
+Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes);
+Result<std::vector<uint8_t>> ReadWholeFile(const std::string& path);
+
+// Little-endian byte buffer helpers.
+class ByteWriter {
+ public:
+  void U8(uint8_t v) { b_.push_back(v); }
+  void U32(uint32_t v);
+  void U64(uint64_t v);
+  void F32s(const float* v, size_t n);
+  void Bytes(const uint8_t* p, size_t n) { b_.insert(b_.end(), p, p + n); }
+  std::vector<uint8_t> Take() { return std::move(b_); }
+
+ private:
+  std::vector<uint8_t> b_;
+};
+class ByteReader {
+ public:
+  explicit ByteReader(std::span<const uint8_t> b) : b_(b) {}
+  bool U8(uint8_t* v);
+  bool U32(uint32_t* v);
+  bool U64(uint64_t* v);
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  std::span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
+
+// Spec section of a store-holding index, and the store sections ('IDS ',
+// 'CODE', 'NRM2', 'ORIG') of `count` vectors from `stores` in order.
+std::vector<uint8_t> EncodeSpec(const Engine& e, uint64_t count);
+Status DecodeSpec(std::span<const uint8_t> payload, IndexSpec* spec, int64_t* next_id,
+                  uint64_t* count, Engine* e);
+void WriteStores(const Engine& e, const std::vector<const Store*>& stores, FileWriter* w);
+// Reads the store sections into stores with the given sizes (sum = count).
+Status ReadStores(const Engine& e, const FileReader& r, const std::vector<size_t>& sizes,
+                  std::vector<Store>* stores);
+
+}  // namespace tq::index_internal
+
+#endif  // TQ_SRC_INDEX_ENGINE_H_

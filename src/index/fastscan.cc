@@ -1,0 +1,42 @@
+// Dynamic dispatch of the fast-scan kernel (index/fastscan-inl.h).
+#include "index/fastscan.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "index/fastscan.cc"  // relative to the src/ include dir
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "index/fastscan-inl.h"
+
+#if HWY_ONCE
+
+#include <hwy/targets.h>
+
+#include "tq/status.h"
+
+namespace tq::index_internal {
+
+HWY_EXPORT(ScanGroupsImpl);
+
+void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores) {
+  TQ_CHECK(nq >= 1 && nq <= kMaxScanQueries);
+  HWY_DYNAMIC_DISPATCH(ScanGroupsImpl)(args, queries, nq, scores);
+}
+
+// Computed once, before any forcing: while a target is forced,
+// hwy::SupportedTargets() reports only that one.
+std::vector<int64_t> ScanTargets() {
+  static const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  return targets;
+}
+
+void ForceScanTarget(int64_t target) {
+  (void)ScanTargets();
+  hwy::SetSupportedTargetsForTest(target);
+}
+
+const char* ScanTargetName(int64_t target) { return hwy::TargetName(target); }
+
+}  // namespace tq::index_internal
+
+#endif  // HWY_ONCE

@@ -1,0 +1,112 @@
+// Fast-scan of TurboQuant MSE codes at b <= 4 bits: the in-memory blocked code
+// layout, the per-query byte lookup tables, and the scan kernel (scalar
+// reference tq::index_internal::ref and Highway targets behind one dispatch).
+// Internal header.
+//
+// Layout. Coordinates of each rotation block (a codebook of its own) are
+// grouped into slots of g = 4 / b coordinates (b = 1: 4, b = 2: 2, b = 3, 4: 1),
+// so a slot's value v (its g indices, index t at bits [b·t, b·t + b)) fits a
+// nibble. Slots are numbered block after block; a block's last slot may hold
+// fewer than g coordinates (the missing ones are 0 and contribute nothing).
+// Vectors are stored in groups of 32: for each slot s, 16 bytes, byte i
+// holding the nibble of vector i in its low half and of vector i + 16 in its
+// high half (the layout of FAISS's 4-bit PQ fast-scan). A group takes
+// 16 · slots bytes; the last group is padded with zero nibbles.
+//
+// Tables. For a rotated query q' and slot s of rotation block r the exact
+// table is T_s[v] = sum_t q'_(j+t) · c_r[v_t]; the kernel uses bytes
+// Q_s[v] = round((T_s[v] − min_v T_s) · a_r), a_r = 255 / max_s range(T_s),
+// and the estimate of <q', c[idx]> over block r is acc_r / a_r + sum_s min T_s,
+// acc_r being the integer sum of the looked-up bytes.
+//
+// Kernel contract (reference and every target give identical floats): per
+// vector, score = 0; for each rotation block r in order:
+//   t = float(acc_r) * inv_a[r]; t = t + bias[r]; t = t * scale[r] (if any);
+//   score = score + t;
+// then score = score − norm2 (if any). acc_r is exact (integer).
+#ifndef TQ_SRC_INDEX_FASTSCAN_H_
+#define TQ_SRC_INDEX_FASTSCAN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/plan.h"
+
+namespace tq::index_internal {
+
+inline constexpr size_t kGroup = 32;            // vectors per code group
+inline constexpr size_t kMaxScanQueries = 4;    // queries sharing one pass over the codes
+inline constexpr size_t kSlotsPerChunk = 256;   // 256 · 255 < 2^16: exact u16 sums
+
+struct ScanLayout {
+  int bits = 0;             // 1..4
+  int coords_per_slot = 0;  // g
+  size_t dim = 0;
+  size_t num_rblocks = 0;
+  size_t coord_begin[kMaxBlocks + 1] = {};  // rotation block r: coords [coord_begin[r], coord_begin[r+1])
+  size_t slot_begin[kMaxBlocks + 1] = {};   // and slots [slot_begin[r], slot_begin[r+1])
+  size_t slots = 0;
+  size_t group_bytes = 0;   // 16 · slots
+};
+
+// For an MSE plan with 1 <= mse_bits <= 4.
+ScanLayout MakeScanLayout(const CodecPlan& plan);
+
+struct ScanQuery {
+  const uint8_t* lut = nullptr;   // [slots][16]
+  float inv_a[kMaxBlocks] = {};   // 1 / a_r
+  float bias[kMaxBlocks] = {};    // sum of the slot minima of block r
+};
+
+struct ScanArgs {
+  const ScanLayout* layout = nullptr;
+  const uint8_t* codes = nullptr;  // [groups][group_bytes]
+  const float* scales = nullptr;   // [groups][num_rblocks][32], or null (scale 1)
+  const float* norms2 = nullptr;   // [groups][32], or null
+  size_t groups = 0;
+};
+
+// scores[q][v], v in [0, 32 · groups), for nq <= kMaxScanQueries queries.
+void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores);
+
+// Builds float tables lut_f ([slots][16]) of a rotated query and their byte
+// quantization (lut8 [slots][16], inv_a, bias). Entries v >= 2^(b·g) are 0.
+void BuildTables(const ScanLayout& layout, const CodecPlan& plan, const float* q_rot,
+                 float* lut_f, uint8_t* lut8, ScanQuery* query);
+
+// Nibble of vector i (0..31) of a group for slot s.
+inline unsigned GroupNibble(const uint8_t* group, size_t s, size_t i) {
+  const uint8_t byte = group[16 * s + (i & 15)];
+  return i < 16 ? (byte & 15u) : (byte >> 4);
+}
+inline void SetGroupNibble(uint8_t* group, size_t s, size_t i, unsigned v) {
+  uint8_t& byte = group[16 * s + (i & 15)];
+  if (i < 16) {
+    byte = static_cast<uint8_t>((byte & 0xF0u) | v);
+  } else {
+    byte = static_cast<uint8_t>((byte & 0x0Fu) | (v << 4));
+  }
+}
+
+// Converts between b-bit indices of one vector ([dim]) and its slot values.
+void IndicesToSlots(const ScanLayout& layout, const uint8_t* idx, uint8_t* slots);
+void SlotsToIndices(const ScanLayout& layout, const uint8_t* slots, uint8_t* idx);
+
+// Exact (float table) estimate for vector i of a group: sum over blocks of
+// scale_r · sum_s lut_f[s][nibble], same block order as the kernel.
+float ScoreOneFloat(const ScanLayout& layout, const float* lut_f, const uint8_t* group, size_t i,
+                    const float* group_scales);
+
+namespace ref {
+void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores);
+}  // namespace ref
+
+// Test hooks: Highway targets compiled in and supported here, and forcing one.
+std::vector<int64_t> ScanTargets();
+void ForceScanTarget(int64_t target);  // 0 restores dispatch
+const char* ScanTargetName(int64_t target);
+
+}  // namespace tq::index_internal
+
+#endif  // TQ_SRC_INDEX_FASTSCAN_H_

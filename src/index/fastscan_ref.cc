@@ -1,0 +1,149 @@
+// Fast-scan layout, lookup tables and the scalar reference scan kernel
+// (src/index/fastscan.h states the contract the Highway kernels follow).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "index/fastscan.h"
+#include "tq/status.h"
+
+namespace tq::index_internal {
+
+ScanLayout MakeScanLayout(const CodecPlan& plan) {
+  TQ_CHECK(plan.mse_bits >= 1 && plan.mse_bits <= 4 && plan.qjl_dim == 0);
+  ScanLayout l;
+  l.bits = plan.mse_bits;
+  l.coords_per_slot = plan.mse_bits == 1 ? 4 : plan.mse_bits == 2 ? 2 : 1;
+  l.dim = plan.dim;
+  l.num_rblocks = plan.num_blocks;
+  const size_t g = static_cast<size_t>(l.coords_per_slot);
+  size_t slots = 0;
+  for (size_t r = 0; r < plan.num_blocks; ++r) {
+    l.coord_begin[r] = plan.blocks[r].offset;
+    l.slot_begin[r] = slots;
+    slots += (plan.blocks[r].size + g - 1) / g;
+  }
+  l.coord_begin[plan.num_blocks] = plan.dim;
+  l.slot_begin[plan.num_blocks] = slots;
+  l.slots = slots;
+  l.group_bytes = 16 * slots;
+  return l;
+}
+
+void IndicesToSlots(const ScanLayout& l, const uint8_t* idx, uint8_t* slots) {
+  const size_t g = static_cast<size_t>(l.coords_per_slot);
+  for (size_t r = 0; r < l.num_rblocks; ++r) {
+    for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+      const size_t j0 = l.coord_begin[r] + (s - l.slot_begin[r]) * g;
+      unsigned v = 0;
+      for (size_t t = 0; t < g && j0 + t < l.coord_begin[r + 1]; ++t) {
+        v |= static_cast<unsigned>(idx[j0 + t]) << (l.bits * static_cast<int>(t));
+      }
+      slots[s] = static_cast<uint8_t>(v);
+    }
+  }
+}
+
+void SlotsToIndices(const ScanLayout& l, const uint8_t* slots, uint8_t* idx) {
+  const size_t g = static_cast<size_t>(l.coords_per_slot);
+  const unsigned mask = (1u << l.bits) - 1;
+  for (size_t r = 0; r < l.num_rblocks; ++r) {
+    for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+      const size_t j0 = l.coord_begin[r] + (s - l.slot_begin[r]) * g;
+      for (size_t t = 0; t < g && j0 + t < l.coord_begin[r + 1]; ++t) {
+        idx[j0 + t] = static_cast<uint8_t>((slots[s] >> (l.bits * static_cast<int>(t))) & mask);
+      }
+    }
+  }
+}
+
+void BuildTables(const ScanLayout& l, const CodecPlan& plan, const float* q, float* lut_f,
+                 uint8_t* lut8, ScanQuery* query) {
+  const size_t g = static_cast<size_t>(l.coords_per_slot);
+  const unsigned mask = (1u << l.bits) - 1;
+  const unsigned values = 1u << (l.bits * static_cast<int>(g));  // 16, or 8 at b = 3
+  for (size_t r = 0; r < l.num_rblocks; ++r) {
+    const float* c = plan.blocks[r].centroids;
+    float max_range = 0.0f;
+    float bias = 0.0f;
+    for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+      const size_t j0 = l.coord_begin[r] + (s - l.slot_begin[r]) * g;
+      float* t = lut_f + 16 * s;
+      float lo = INFINITY, hi = -INFINITY;
+      for (unsigned v = 0; v < 16; ++v) {
+        float sum = 0.0f;
+        if (v < values) {
+          for (size_t k = 0; k < g && j0 + k < l.coord_begin[r + 1]; ++k) {
+            const float prod = q[j0 + k] * c[(v >> (l.bits * static_cast<int>(k))) & mask];
+            sum = sum + prod;
+          }
+          lo = std::min(lo, sum);
+          hi = std::max(hi, sum);
+        }
+        t[v] = sum;
+      }
+      max_range = std::max(max_range, hi - lo);
+      bias = bias + lo;
+      // Keep the minimum in the unused entries' place for the byte pass.
+      for (unsigned v = values; v < 16; ++v) t[v] = lo;
+    }
+    const float a = max_range > 0.0f ? 255.0f / max_range : 1.0f;
+    for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+      float* t = lut_f + 16 * s;
+      float lo = t[0];
+      for (unsigned v = 1; v < values; ++v) lo = std::min(lo, t[v]);
+      for (unsigned v = 0; v < 16; ++v) {
+        const float x = std::floor((t[v] - lo) * a + 0.5f);
+        lut8[16 * s + v] = v < values ? static_cast<uint8_t>(std::clamp(x, 0.0f, 255.0f)) : 0;
+        if (v >= values) t[v] = 0.0f;
+      }
+    }
+    query->inv_a[r] = 1.0f / a;
+    query->bias[r] = bias;
+  }
+  query->lut = lut8;
+}
+
+float ScoreOneFloat(const ScanLayout& l, const float* lut_f, const uint8_t* group, size_t i,
+                    const float* group_scales) {
+  float score = 0.0f;
+  for (size_t r = 0; r < l.num_rblocks; ++r) {
+    float dot = 0.0f;
+    for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+      dot = dot + lut_f[16 * s + GroupNibble(group, s, i)];
+    }
+    if (group_scales != nullptr) dot = dot * group_scales[r * kGroup + i];
+    score = score + dot;
+  }
+  return score;
+}
+
+namespace ref {
+
+void ScanGroups(const ScanArgs& a, const ScanQuery* queries, size_t nq, float* const* scores) {
+  const ScanLayout& l = *a.layout;
+  for (size_t grp = 0; grp < a.groups; ++grp) {
+    const uint8_t* codes = a.codes + grp * l.group_bytes;
+    for (size_t q = 0; q < nq; ++q) {
+      const ScanQuery& sq = queries[q];
+      for (size_t i = 0; i < kGroup; ++i) {
+        float score = 0.0f;
+        for (size_t r = 0; r < l.num_rblocks; ++r) {
+          uint32_t acc = 0;
+          for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+            acc += sq.lut[16 * s + GroupNibble(codes, s, i)];
+          }
+          float t = static_cast<float>(acc) * sq.inv_a[r];
+          t = t + sq.bias[r];
+          if (a.scales != nullptr) t = t * a.scales[(grp * l.num_rblocks + r) * kGroup + i];
+          score = score + t;
+        }
+        if (a.norms2 != nullptr) score = score - a.norms2[grp * kGroup + i];
+        scores[q][grp * kGroup + i] = score;
+      }
+    }
+  }
+}
+
+}  // namespace ref
+}  // namespace tq::index_internal
