@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang
   libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libeigen3-dev libxxhash-dev
+  libclang-rt-14-dev
 )
 
 missing=()

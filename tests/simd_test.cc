@@ -250,7 +250,9 @@ void CheckDecodeAndScore(const CodecPlan& p, const std::vector<uint8_t>& codes, 
     }
     if (::testing::Test::HasFailure()) return;
   }
-  if (total_energy > 0) EXPECT_LE(total_err / total_energy, kBatchNmse) << what << ": decode NMSE";
+  if (total_energy > 0) {
+    EXPECT_LE(total_err / total_energy, kBatchNmse) << what << ": decode NMSE";
+  }
 
   // A random query, prepared by the reference.
   std::vector<float> q(d), q_rot(d), q_sketch(p.qjl_dim);
@@ -280,7 +282,9 @@ void CheckDecodeAndScore(const CodecPlan& p, const std::vector<uint8_t>& codes, 
     }
     if (::testing::Test::HasFailure()) return;
   }
-  if (score_scale > 0) EXPECT_LE(score_err / score_scale, kBatchNmse) << what << ": score NMSE";
+  if (score_scale > 0) {
+    EXPECT_LE(score_err / score_scale, kBatchNmse) << what << ": score NMSE";
+  }
 }
 
 std::string Describe(const CodecSpec& s) { return ToString(s); }

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks (JSON with --json)");
   bench->require_subcommand(1);
   tq::tools::RegisterBenchCodec(*bench);
+  tq::tools::RegisterSearch(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -46,10 +46,13 @@ Result<Metric> ParseMetric(std::string_view name);
 enum class IndexScales : uint8_t {
   kF16 = 0,   // fp16 scales, as the codec row stores them
   kF32 = 1,   // fp32 scales
-  // No scale at all: only for Metric::kCosine with a one-block rotation
-  // (kHaar, or a power-of-two dim) and MSE codes without norm correction.
-  // Every stored vector is a unit vector, so its norm is 1 and the estimate
-  // is the paper's Alg. 1 exactly: <q, Pi^T c[idx]>. Saves 2 bytes a vector.
+  // No stored scale: only for Metric::kCosine with a one-block rotation
+  // (kHaar, or a power-of-two dim) and MSE codes. Every stored vector is a
+  // unit vector, so its norm is 1: without norm correction the estimate is
+  // the paper's Alg. 1 exactly, <q, Pi^T c[idx]>; with it (the default) the
+  // scale 1 / ||c[idx]|| is a function of the indices and is recomputed on
+  // add and load (kept in memory as fp32 for the scan, never in files).
+  // Files then hold exactly bits · dim / 8 bytes a vector.
   kNone = 2,
 };
 const char* IndexScalesName(IndexScales scales);  // "f16", "f32", "none"
@@ -95,7 +98,6 @@ struct SearchResult {
 };
 
 namespace index_internal {
-class Store;
 struct Engine;
 }  // namespace index_internal
 
@@ -110,9 +112,11 @@ class FlatIndex {
   const IndexSpec& spec() const;
   size_t size() const;  // live vectors (added minus removed)
   bool fast_scan() const;  // MSE codes at b <= 4 bits
-  // Bytes one vector's code occupies in memory (indices and scales), and the
-  // bytes the index holds per live vector, ids and originals included.
+  // Bytes one vector's code occupies in memory (indices and scales, the
+  // bytes a scan reads), in files, and the bytes the index holds per live
+  // vector, ids and originals included.
   double code_bytes_per_vector() const;
+  double file_code_bytes_per_vector() const;
   double memory_bytes_per_vector() const;
 
   // x: [n, dim] finite floats. ids: empty assigns next_id(), next_id()+1, ...;
@@ -161,6 +165,7 @@ class IvfIndex {
   size_t size() const;
   bool fast_scan() const;
   double code_bytes_per_vector() const;
+  double file_code_bytes_per_vector() const;
   double memory_bytes_per_vector() const;
 
   // Seeded k-means (k-means++-free: seeded sample of distinct points, Lloyd

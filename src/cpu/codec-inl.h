@@ -23,20 +23,24 @@
 //     boundaries (every Codebook's; checked per call) those boundaries are a
 //     prefix, so a binary search finds the same count; a plan with unsorted or
 //     NaN boundaries falls back to counting.
-// Rows whose input has NaN/Inf are "bad rows" (EncodeRows reports them); the
-// sign/payload of a NaN scale in such rows depends on operand order, which
-// neither this code nor the compiled reference pins, so their bytes are not
-// part of the contract.
+// Rows whose scale is NaN (non-finite input, or a rotation that overflows to
+// Inf - Inf) are bad rows (EncodeRows reports them); the sign and payload of
+// that NaN depend on operand order, which neither this code nor the compiled
+// reference pins, so only those scale bytes may differ from ref.
 //
 // Decoded floats and scores need only agree with the reference to rounding:
 // decode uses exact rewrites ((s * c)[idx] for s * c[idx], x * (s1 / n) for
 // (x / n) * s1) and matches in practice; scores use vector accumulators.
 //
-// Layout of the work: rows are encoded two at a time in registers (the chain
-// FWHT -> norm -> sqrt/div -> quantize -> norm of centroids -> sqrt/div is
-// long, and two independent rows let the core overlap them). Anything that is
-// not the hot path (blocks < 16 or > 16 vectors, Haar, prod codes, an odd last
-// row) goes through a one-row path with scratch memory.
+// Layout of the work (the hot path: MSE codes, Hadamard blocks of 16 to
+// 16 * lanes coordinates): rows go in batches of 16 through phases (rotate +
+// sum of squares, vector sqrt/div, quantize + centroid norms, scales), two
+// rows interleaved in registers, because within one row every step waits for
+// the previous one. On AVX-512, blocks of >= 64 coordinates with <= 4 bits
+// are bit-packed in registers; otherwise indices go through bytes and a
+// pext/shift packer. Everything else (blocks < 16 or larger than the register
+// kernels, Haar, prod codes) goes through a one-row path with scratch memory,
+// still vectorized (MatTVec across outputs, FWHT in memory, vector quantizer).
 
 // ---------------------------------------------------------------------------
 // Target-independent part (normal include guard).
@@ -390,21 +394,56 @@ HWY_INLINE void FwhtRegs(const InVectorStages& st, VF* v) {
   }
 }
 
-// The same for n (a power of two >= kN) floats in memory.
-HWY_INLINE void FwhtMem(const InVectorStages& st, float* p, size_t n) {
+// The same for n floats in memory, n a multiple of kChunk, in two steps:
+// FwhtChunks does all stages below kChunk on register-resident chunks
+// (stages of different aligned 2h-blocks are independent, so finishing them
+// chunk by chunk keeps every element's ascending stage order), then
+// FwhtCrossPasses one memory pass per larger stride. out = FwhtChunks(in *
+// pre) (pre may be null); the last cross pass writes (a +- b) * post[j] (or *
+// post_scalar if post is null) to out.
+constexpr size_t kChunkVecs = TQ_CPU_AVX512 ? 16 : 8;  // of 32 / 16 registers
+constexpr size_t kChunk = kChunkVecs * kN;
+HWY_INLINE void FwhtChunks(const InVectorStages& st, const float* in, const float* pre, float* out,
+                           size_t n) {
   const DF d;
-  for (size_t i = 0; i < n; i += kN) {
-    VF v = hn::LoadU(d, p + i);
-    for (size_t k = 0; k < kLogN; ++k) v = st.Apply(k, v);
-    hn::StoreU(v, d, p + i);
+  for (size_t c = 0; c < n; c += kChunk) {
+    VF v[kChunkVecs];
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kChunkVecs; ++i) {
+      v[i] = hn::LoadU(d, in + c + i * kN);
+      if (pre != nullptr) v[i] = hn::Mul(v[i], hn::LoadU(d, pre + c + i * kN));
+    }
+    FwhtRegs<kChunkVecs, 1>(st, v);
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kChunkVecs; ++i) hn::StoreU(v[i], d, out + c + i * kN);
   }
-  for (size_t h = kN; h < n; h *= 2) {
+}
+HWY_INLINE void FwhtCrossPasses(float* p, size_t n, const float* post, float post_scalar,
+                                float* out) {
+  const DF d;
+  const VF ps = hn::Set(d, post_scalar);
+  for (size_t h = kChunk; h < n; h *= 2) {
+    const bool last = 2 * h == n;
     for (size_t i = 0; i < n; i += 2 * h) {
       for (size_t j = i; j < i + h; j += kN) {
         const VF a = hn::LoadU(d, p + j);
         const VF b = hn::LoadU(d, p + j + h);
-        hn::StoreU(hn::Add(a, b), d, p + j);
-        hn::StoreU(hn::Sub(a, b), d, p + j + h);
+        VF sum = hn::Add(a, b);
+        VF diff = hn::Sub(a, b);
+        if (!last) {
+          hn::StoreU(sum, d, p + j);
+          hn::StoreU(diff, d, p + j + h);
+          continue;
+        }
+        if (post != nullptr) {
+          sum = hn::Mul(sum, hn::LoadU(d, post + j));
+          diff = hn::Mul(diff, hn::LoadU(d, post + j + h));
+        } else {
+          sum = hn::Mul(sum, ps);
+          diff = hn::Mul(diff, ps);
+        }
+        hn::StoreU(sum, d, out + j);
+        hn::StoreU(diff, d, out + j + h);
       }
     }
   }
@@ -489,17 +528,15 @@ HWY_NOINLINE void HadamardForwardBlock(const float* x, const float* s1, const fl
     default:
       break;
   }
+  // n > kMaxRegVecs * kN >= 2 kChunk (so there is at least one cross pass):
+  // chunked FWHT with the sign and 1/n multiplications fused into the first
+  // load and the last pass.
   const InVectorStages st;
-  for (size_t i = 0; i < n; i += kN) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, x + i), hn::LoadU(d, s1 + i)), d, y + i);
-  }
-  FwhtMem(st, y, n);
-  for (size_t i = 0; i < n; i += kN) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::LoadU(d, s2 + i)), d, y + i);
-  }
-  FwhtMem(st, y, n);
-  const VF inv_n = hn::Set(d, 1.0f / static_cast<float>(n));
-  for (size_t i = 0; i < n; i += kN) hn::StoreU(hn::Mul(hn::LoadU(d, y + i), inv_n), d, y + i);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  FwhtChunks(st, x, s1, y, n);
+  FwhtCrossPasses(y, n, s2, 1.0f, y);
+  FwhtChunks(st, y, nullptr, y, n);
+  FwhtCrossPasses(y, n, nullptr, inv_n, y);
 }
 
 // x = D1 H D2 H y / n for one row; y is clobbered (it is the work buffer).
@@ -531,54 +568,83 @@ HWY_NOINLINE void HadamardInverseBlock(float* y, const float* s1, const float* s
       break;
   }
   const InVectorStages st;
-  FwhtMem(st, y, n);
-  for (size_t i = 0; i < n; i += kN) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::LoadU(d, s2 + i)), d, y + i);
-  }
-  FwhtMem(st, y, n);
-  for (size_t i = 0; i < n; i += kN) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::LoadU(d, s1n + i)), d, x + i);
-  }
+  FwhtChunks(st, y, nullptr, y, n);
+  FwhtCrossPasses(y, n, s2, 1.0f, y);
+  FwhtChunks(st, y, nullptr, y, n);
+  FwhtCrossPasses(y, n, s1n, 1.0f, x);
 }
 
 // ---------------------------------------------------------------------------
-// y[j] (+)= sum_i mt[i * cols + j] * x[i], i ascending (ref::MatTVec when
-// accumulate is false: y starts at 0.0f). Vectorized across j, so each y[j]
-// sees the reference's exact sequence of roundings.
-HWY_NOINLINE void MatTVec(const float* HWY_RESTRICT mt, const float* HWY_RESTRICT x, size_t rows,
-                          size_t cols, float* HWY_RESTRICT y, bool accumulate) {
+// Rows that MatTVec multiplies by one pass over the matrix. The dense
+// matrices (Haar d x d, QJL m x d) are re-read for every row, from L2 once
+// they exceed L1; four rows per pass cut that traffic fourfold.
+constexpr size_t kMatRows = 4;
+
+// y_r[j] (+)= sum_i mt[i * cols + j] * x_r[i] for R rows r, i ascending
+// (ref::MatTVec when accumulate is false: y starts at 0.0f). Vectorized
+// across j, so each output sees the reference's exact sequence of roundings.
+// Eight accumulators in flight (8/R vectors of columns x R rows) hide the add
+// latency.
+template <size_t R>
+HWY_INLINE void MatTVecR(const float* HWY_RESTRICT mt, const float* const* x, size_t rows,
+                         size_t cols, float* const* y, bool accumulate) {
   const DF d;
+  constexpr size_t kCols = 8 / R;  // vectors of columns per pass
   size_t j = 0;
-  for (; j + 4 * kN <= cols; j += 4 * kN) {
-    VF a0 = accumulate ? hn::LoadU(d, y + j) : hn::Zero(d);
-    VF a1 = accumulate ? hn::LoadU(d, y + j + kN) : hn::Zero(d);
-    VF a2 = accumulate ? hn::LoadU(d, y + j + 2 * kN) : hn::Zero(d);
-    VF a3 = accumulate ? hn::LoadU(d, y + j + 3 * kN) : hn::Zero(d);
+  for (; j + kCols * kN <= cols; j += kCols * kN) {
+    VF acc[R][kCols];
+    for (size_t r = 0; r < R; ++r) {
+      for (size_t c = 0; c < kCols; ++c) {
+        acc[r][c] = accumulate ? hn::LoadU(d, y[r] + j + c * kN) : hn::Zero(d);
+      }
+    }
     const float* p = mt + j;
     for (size_t i = 0; i < rows; ++i, p += cols) {
-      const VF xi = hn::Set(d, x[i]);
-      a0 = hn::Add(a0, hn::Mul(hn::LoadU(d, p), xi));
-      a1 = hn::Add(a1, hn::Mul(hn::LoadU(d, p + kN), xi));
-      a2 = hn::Add(a2, hn::Mul(hn::LoadU(d, p + 2 * kN), xi));
-      a3 = hn::Add(a3, hn::Mul(hn::LoadU(d, p + 3 * kN), xi));
+      VF col[kCols];
+      HWY_UNROLL(8)
+      for (size_t c = 0; c < kCols; ++c) col[c] = hn::LoadU(d, p + c * kN);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < R; ++r) {
+        const VF xi = hn::Set(d, x[r][i]);
+        HWY_UNROLL(8)
+        for (size_t c = 0; c < kCols; ++c) acc[r][c] = hn::Add(acc[r][c], hn::Mul(col[c], xi));
+      }
     }
-    hn::StoreU(a0, d, y + j);
-    hn::StoreU(a1, d, y + j + kN);
-    hn::StoreU(a2, d, y + j + 2 * kN);
-    hn::StoreU(a3, d, y + j + 3 * kN);
+    for (size_t r = 0; r < R; ++r) {
+      for (size_t c = 0; c < kCols; ++c) hn::StoreU(acc[r][c], d, y[r] + j + c * kN);
+    }
   }
   for (; j + kN <= cols; j += kN) {
-    VF a = accumulate ? hn::LoadU(d, y + j) : hn::Zero(d);
+    VF acc[R];
+    for (size_t r = 0; r < R; ++r) acc[r] = accumulate ? hn::LoadU(d, y[r] + j) : hn::Zero(d);
     const float* p = mt + j;
     for (size_t i = 0; i < rows; ++i, p += cols) {
-      a = hn::Add(a, hn::Mul(hn::LoadU(d, p), hn::Set(d, x[i])));
+      const VF col = hn::LoadU(d, p);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < R; ++r) acc[r] = hn::Add(acc[r], hn::Mul(col, hn::Set(d, x[r][i])));
     }
-    hn::StoreU(a, d, y + j);
+    for (size_t r = 0; r < R; ++r) hn::StoreU(acc[r], d, y[r] + j);
   }
   for (; j < cols; ++j) {
-    float a = accumulate ? y[j] : 0.0f;
-    for (size_t i = 0; i < rows; ++i) a = a + mt[i * cols + j] * x[i];
-    y[j] = a;
+    for (size_t r = 0; r < R; ++r) {
+      float a = accumulate ? y[r][j] : 0.0f;
+      for (size_t i = 0; i < rows; ++i) a = a + mt[i * cols + j] * x[r][i];
+      y[r][j] = a;
+    }
+  }
+}
+
+// MatTVecR for nr <= kMatRows rows.
+HWY_NOINLINE void MatTVec(const float* HWY_RESTRICT mt, const float* const* x, size_t nr,
+                          size_t rows, size_t cols, float* const* y, bool accumulate) {
+  switch (nr) {
+    case 1: return MatTVecR<1>(mt, x, rows, cols, y, accumulate);
+    case 2: return MatTVecR<2>(mt, x, rows, cols, y, accumulate);
+    case 3:
+      MatTVecR<2>(mt, x, rows, cols, y, accumulate);
+      return MatTVecR<1>(mt, x + 2, rows, cols, y + 2, accumulate);
+    case 4: return MatTVecR<4>(mt, x, rows, cols, y, accumulate);
+    default: return;
   }
 }
 
@@ -656,6 +722,10 @@ HWY_INLINE VF Lookup(const VF* table, VI idx) {
   if constexpr (kTables == 1) {
     return hn::TableLookupLanes(table[0], hn::IndicesFromVec(d, idx));
   } else {
+#if TQ_CPU_AVX512
+    // vpermt2ps: one two-table permute (index bit 4 selects the table).
+    if constexpr (kN == 16) return VF{_mm512_permutex2var_ps(table[0].raw, idx.raw, table[1].raw)};
+#endif
     const auto lane =
         hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, static_cast<int32_t>(kN - 1))));
     const VF lo = hn::TableLookupLanes(table[0], lane);
@@ -787,9 +857,6 @@ HWY_INLINE void StoreIndexBytes(VI qi, uint8_t* p) {
   hn::StoreU(hn::DemoteTo(d8, qi), d8, p);
 }
 
-// Stores the 4 kN indices (each < 256) of q[0..3] as 4 kN bytes: with 16
-// lanes, two packs and a dword permutation take 4 shuffles where four vpmovdb
-// take 8.
 #if TQ_CPU_AVX512
 // The 64 indices (each < 256) of four 16-lane vectors as 64 bytes in order.
 HWY_INLINE __m512i IndexBytes4(const VI* q) {
@@ -855,10 +922,8 @@ HWY_INLINE VI LoadIndexBytes(const uint8_t* p) {
 // ---------------------------------------------------------------------------
 // Bit packing.
 
-// Packs idx[0, d) (zero-padded to a multiple of 8) into exactly nbytes
-// (= PackedBytes(d, B)) bytes. Whole groups use an 8-byte store whose upper
-// bytes are zero and are overwritten by the next group; the groups near the
-// end store only bytes inside the index field.
+// The 8 B-bit values idx[0..8) as their 8B-bit concatenation (one group of
+// the bitstream: 8 values of B bits are B whole bytes).
 template <int B>
 HWY_INLINE uint64_t MergeGroup(const uint8_t* idx) {
   const uint64_t bytes = detail::Load64LE(idx);
@@ -873,6 +938,10 @@ inline size_t FullGroups(size_t groups, size_t nbytes, int bits) {
   const size_t full = nbytes >= 8 ? (nbytes - 8) / static_cast<size_t>(bits) + 1 : 0;
   return full < groups ? full : groups;
 }
+// Packs idx[0, d) (zero-padded to a multiple of 8) into exactly nbytes
+// (= PackedBytes(d, B)) bytes. Whole groups use an 8-byte store whose upper
+// bytes are zero and are overwritten by the next group; the groups near the
+// end store only bytes inside the field.
 template <int B>
 HWY_INLINE void PackIndicesT(const uint8_t* idx, size_t d, uint8_t* out, size_t nbytes) {
   const size_t groups = (d + 7) / 8;
@@ -899,8 +968,7 @@ HWY_NOINLINE void PackIndices(const uint8_t* idx, size_t d, int bits, uint8_t* o
   }
 }
 
-// Inverse: idx[0, 8 * ceil(d / 8)) from exactly nbytes stream bytes (reads
-// nothing beyond them).
+// Inverse of MergeGroup: 8 bytes from the low 8B bits of x.
 template <int B>
 HWY_INLINE void SplitGroup(uint64_t x, uint8_t* idx) {
 #if TQ_CPU_AVX512
@@ -909,6 +977,8 @@ HWY_INLINE void SplitGroup(uint64_t x, uint8_t* idx) {
   detail::Store64LE(detail::Split<B>(x), idx);
 #endif
 }
+// Inverse of PackIndicesT: idx[0, 8 * ceil(d / 8)) from exactly nbytes stream
+// bytes (reads nothing beyond them).
 template <int B>
 HWY_INLINE void UnpackIndicesT(const uint8_t* in, size_t d, uint8_t* idx, size_t nbytes) {
   const size_t groups = (d + 7) / 8;
@@ -1005,7 +1075,22 @@ HWY_NOINLINE void QuantizeBlockMem(const EncodeCtx& ctx, size_t b, const float* 
     }
   };
   switch (t.mode) {
-    case QMode::kTable1: run(VecQuantizer<QMode::kTable1, 0>(t)); break;
+    case QMode::kTable1:
+      // Compile-time widths where the search uses shifted tables (kN >= 2^bits).
+      if (t.bits == 1) {
+        run(VecQuantizer<QMode::kTable1, 1>(t));
+      } else if (t.bits == 2) {
+        run(VecQuantizer<QMode::kTable1, 2>(t));
+      } else if constexpr (kN >= 16) {
+        if (t.bits == 3) {
+          run(VecQuantizer<QMode::kTable1, 3>(t));
+        } else {
+          run(VecQuantizer<QMode::kTable1, 4>(t));
+        }
+      } else {
+        run(VecQuantizer<QMode::kTable1, 0>(t));
+      }
+      break;
     case QMode::kTable2: run(VecQuantizer<QMode::kTable2, 0>(t)); break;
     case QMode::kGather: run(VecQuantizer<QMode::kGather, 0>(t)); break;
     case QMode::kCount: run(VecQuantizer<QMode::kCount, 0>(t)); break;
@@ -1325,29 +1410,57 @@ HWY_NOINLINE void EncodeBatch(const EncodeCtx& ctx, const BlockKernels* kernels,
   }
 }
 
-// One row through the general path (any plan): indices, scales and, for prod
-// codes, the residual r (the QJL part is done by the caller).
-HWY_NOINLINE void EncodeOneRow(const EncodeCtx& ctx, EncodeRow& row) {
+// Rows [0, nr) (nr <= kMatRows) of io through the general path (any plan):
+// packed indices, scales and, for prod codes, the QJL part. io[k].r points
+// at dim floats of scratch (the residual); y_buf holds kMatRows * dim floats
+// (Haar only), z_buf kMatRows * qjl_dim.
+HWY_NOINLINE void EncodeGroup(const EncodeCtx& ctx, EncodeRow* io, size_t nr, float* y_buf,
+                              float* z_buf) {
   const CodecPlan& plan = *ctx.plan;
   const size_t dim = plan.dim;
+  const size_t m = plan.qjl_dim;
   Scratch& s = ThreadScratch();
+  const float* x[kMatRows];
+  float* y[kMatRows];
+  float* r[kMatRows];
+  float* z[kMatRows];
+  for (size_t k = 0; k < nr; ++k) {
+    x[k] = io[k].x;
+    y[k] = y_buf + k * dim;
+    r[k] = io[k].r;
+    z[k] = z_buf + k * m;
+  }
   if (plan.mse_bits > 0) {
     if (plan.hadamard) {
-      for (size_t b = 0; b < plan.num_blocks; ++b) EncodeHadamardMem(ctx, b, row);
+      for (size_t k = 0; k < nr; ++k) {
+        for (size_t b = 0; b < plan.num_blocks; ++b) EncodeHadamardMem(ctx, b, io[k]);
+      }
     } else {
-      float* y = Grow(s.y, dim);
       float* chat = Grow(s.chat, dim);
-      MatTVec(plan.haar_t, row.x, dim, dim, y, /*accumulate=*/false);
-      QuantizeBlockMem(ctx, 0, y, dim, chat, row);
+      MatTVec(plan.haar_t, x, nr, dim, dim, y, /*accumulate=*/false);
+      for (size_t k = 0; k < nr; ++k) QuantizeBlockMem(ctx, 0, y[k], dim, chat, io[k]);
+    }
+    for (size_t k = 0; k < nr; ++k) {
+      PackIndices(io[k].idx, dim, plan.mse_bits, io[k].out, plan.index_bytes);
     }
   } else if (plan.hadamard) {  // pure QJL: the residual is the rotated row
-    for (size_t b = 0; b < plan.num_blocks; ++b) {
-      const BlockPlan& bp = plan.blocks[b];
-      HadamardForwardBlock(row.x + bp.offset, plan.signs1 + bp.offset, plan.signs2 + bp.offset,
-                           bp.size, row.r + bp.offset);
+    for (size_t k = 0; k < nr; ++k) {
+      for (size_t b = 0; b < plan.num_blocks; ++b) {
+        const BlockPlan& bp = plan.blocks[b];
+        HadamardForwardBlock(io[k].x + bp.offset, plan.signs1 + bp.offset,
+                             plan.signs2 + bp.offset, bp.size, io[k].r + bp.offset);
+      }
     }
   } else {
-    MatTVec(plan.haar_t, row.x, dim, dim, row.r, /*accumulate=*/false);
+    MatTVec(plan.haar_t, x, nr, dim, dim, r, /*accumulate=*/false);
+  }
+  if (m > 0) {
+    for (size_t k = 0; k < nr; ++k) {
+      const float gamma = std::sqrt(SumSquaresMem(r[k], dim));
+      io[k].ok = detail::StoreScale(plan, gamma, io[k].out + plan.resid_offset) && io[k].ok;
+    }
+    MatTVec(plan.qjl_t, r, nr, dim, m, z, /*accumulate=*/false);
+    for (size_t k = 0; k < nr; ++k) PackSigns(z[k], m, io[k].out + plan.sign_offset);
   }
 }
 
@@ -1394,6 +1507,12 @@ HWY_NOINLINE size_t EncodeRowsImpl(const CodecPlan& plan, const float* x, size_t
       }
       const size_t next_rows =
           rows - row - n < kBatch ? rows - row - n : kBatch;  // rows of the next batch
+      // The next batch's code rows, requested for writing (their read-for-
+      // ownership misses would otherwise stall the stores).
+      const uint8_t* next_out = out + (row + n) * plan.row_bytes;
+      for (size_t l = 0; l < next_rows * plan.row_bytes; l += 64) {
+        __builtin_prefetch(next_out + l, 1, 3);
+      }
       EncodeBatch(ctx, kernels, io, n, ybuf, idx + kBatch * idx_len, x + (row + n) * dim,
                   next_rows * dim * sizeof(float));
       for (size_t k = 0; k < n; ++k) {
@@ -1403,19 +1522,21 @@ HWY_NOINLINE size_t EncodeRowsImpl(const CodecPlan& plan, const float* x, size_t
     return first_bad;
   }
 
-  float* r = Grow(s.r, dim);
-  float* z = Grow(s.w, m);
-  for (size_t row = 0; row < rows; ++row) {
-    EncodeRow io{x + row * dim, idx, r, out + row * plan.row_bytes, true};
-    EncodeOneRow(ctx, io);
-    if (bits > 0) PackIndices(idx, dim, bits, io.out, plan.index_bytes);
-    if (m > 0) {
-      const float gamma = std::sqrt(SumSquaresMem(r, dim));
-      io.ok = detail::StoreScale(plan, gamma, io.out + plan.resid_offset) && io.ok;
-      MatTVec(plan.qjl_t, r, dim, m, z, /*accumulate=*/false);
-      PackSigns(z, m, io.out + plan.sign_offset);
+  // The general path, kMatRows rows at a time (they share matrix passes).
+  float* r = Grow(s.r, kMatRows * dim);
+  float* z = Grow(s.w, kMatRows * m);
+  float* y = plan.hadamard ? nullptr : Grow(s.z, kMatRows * dim);
+  for (size_t row = 0; row < rows; row += kMatRows) {
+    const size_t nr = rows - row < kMatRows ? rows - row : kMatRows;
+    EncodeRow io[kMatRows];
+    for (size_t k = 0; k < nr; ++k) {
+      io[k] = EncodeRow{x + (row + k) * dim, idx + k * idx_len, r + k * dim,
+                        out + (row + k) * plan.row_bytes, true};
     }
-    if (!io.ok && first_bad == rows) first_bad = row;
+    EncodeGroup(ctx, io, nr, y, z);
+    for (size_t k = 0; k < nr; ++k) {
+      if (!io[k].ok && first_bad == rows) first_bad = row + k;
+    }
   }
   return first_bad;
 }
@@ -1525,43 +1646,79 @@ DecodeBlockFn SelectDecode(const BlockPlan& bp, const BlockTables& t) {
 }
 
 constexpr double kSqrtHalfPi = 1.2533141373155002512;  // sqrt(pi / 2), as ref
+// Rows ahead whose output lines DecodeRows prefetches for writing.
+constexpr size_t kDecodeAhead = 8;
 
-// One row through the general path: yhat (MSE part + QJL part) in scratch,
-// then the inverse rotation. idx holds the row's unpacked indices.
-HWY_NOINLINE void DecodeOneRow(const DecodeCtx& ctx, const uint8_t* c, const uint8_t* idx,
-                               float* xo) {
+// w[i] = bit i ? g : -g for the m packed sign bits (branch-free: the bits
+// are random, a branch per bit would mispredict half the time).
+HWY_INLINE void SignedWeights(const uint8_t* bits, size_t m, float g, float* w) {
+  const DF d;
+  const DU du;
+  const size_t nbytes = PackedBytes(m, 1);
+  const auto lane_bit = hn::Load(du, detail::kLaneBit);
+  const VF pos = hn::Set(d, g);
+  const VF neg = hn::Set(d, -g);
+  size_t i = 0;
+  for (; i + kN <= m; i += kN) {
+    const uint32_t word = ReadBits(bits, i, kN, nbytes);
+    const auto set = hn::RebindMask(d, hn::TestBit(hn::Set(du, word), lane_bit));
+    hn::StoreU(hn::IfThenElse(set, pos, neg), d, w + i);
+  }
+  const uint32_t g_bits = std::bit_cast<uint32_t>(g);
+  for (; i < m; ++i) {
+    const uint32_t flip = ((~bits[i / 8] >> (i % 8)) & 1u) << 31;  // -g: sign flipped
+    w[i] = std::bit_cast<float>(g_bits ^ flip);
+  }
+}
+
+// Rows c[0, nr) (nr <= kMatRows; idx[k]: row k's unpacked indices) through
+// the general path: yhat (MSE part + QJL part) in scratch, then the inverse
+// rotation into xo[k].
+HWY_NOINLINE void DecodeGroup(const DecodeCtx& ctx, const uint8_t* const* c,
+                              const uint8_t* const* idx, size_t nr, float* const* xo) {
   const CodecPlan& plan = *ctx.plan;
   const size_t dim = plan.dim;
   const size_t m = plan.qjl_dim;
   Scratch& s = ThreadScratch();
-  float* yhat = Grow(s.y, dim);
-  if (plan.mse_bits > 0) {
-    for (size_t b = 0; b < plan.num_blocks; ++b) {
-      const BlockPlan& bp = plan.blocks[b];
-      const float sc = detail::LoadScale(plan, c + plan.scale_offset + b * plan.scale_bytes);
-      Dequantize(ctx.tables[b], idx + bp.offset, bp.size, sc, yhat + bp.offset);
+  float* yhat_buf = Grow(s.y, kMatRows * dim);
+  float* w_buf = Grow(s.w, kMatRows * m);
+  float* yhat[kMatRows];
+  const float* yhat_c[kMatRows];
+  const float* w[kMatRows];
+  for (size_t k = 0; k < nr; ++k) {
+    yhat[k] = yhat_buf + k * dim;
+    yhat_c[k] = yhat[k];
+    if (plan.mse_bits > 0) {
+      for (size_t b = 0; b < plan.num_blocks; ++b) {
+        const BlockPlan& bp = plan.blocks[b];
+        const float sc = detail::LoadScale(plan, c[k] + plan.scale_offset + b * plan.scale_bytes);
+        Dequantize(ctx.tables[b], idx[k] + bp.offset, bp.size, sc, yhat[k] + bp.offset);
+      }
+    } else {
+      std::memset(yhat[k], 0, dim * sizeof(float));
     }
-  } else {
-    std::memset(yhat, 0, dim * sizeof(float));
+    if (m > 0) {
+      // The weights of yhat += g * S^T sign: rows of S scaled by +-g.
+      const double coef = kSqrtHalfPi / static_cast<double>(m);
+      const float g = static_cast<float>(coef * detail::LoadScale(plan, c[k] + plan.resid_offset));
+      float* wk = w_buf + k * m;
+      SignedWeights(c[k] + plan.sign_offset, m, g, wk);
+      w[k] = wk;
+    }
   }
-  if (m > 0) {
-    // yhat += g * S^T sign: rows of S scaled by +-g, k ascending.
-    const double coef = kSqrtHalfPi / static_cast<double>(m);
-    const float g = static_cast<float>(coef * detail::LoadScale(plan, c + plan.resid_offset));
-    float* w = Grow(s.w, m);
-    const uint8_t* sb = c + plan.sign_offset;
-    for (size_t k = 0; k < m; ++k) w[k] = ((sb[k / 8] >> (k % 8)) & 1u) ? g : -g;
-    MatTVec(plan.qjl, w, m, dim, yhat, /*accumulate=*/true);
-  }
+  // yhat[j] += sum_k S[k][j] * w[k], k ascending from the MSE part, as ref.
+  if (m > 0) MatTVec(plan.qjl, w, nr, m, dim, yhat, /*accumulate=*/true);
   if (plan.hadamard) {
-    for (size_t b = 0; b < plan.num_blocks; ++b) {
-      const BlockPlan& bp = plan.blocks[b];
-      const size_t off = bp.offset;
-      HadamardInverseBlock(yhat + off, plan.signs1 + off, ctx.s1n + off, plan.signs2 + off,
-                           bp.size, xo + off);
+    for (size_t k = 0; k < nr; ++k) {
+      for (size_t b = 0; b < plan.num_blocks; ++b) {
+        const BlockPlan& bp = plan.blocks[b];
+        const size_t off = bp.offset;
+        HadamardInverseBlock(yhat[k] + off, plan.signs1 + off, ctx.s1n + off, plan.signs2 + off,
+                             bp.size, xo[k] + off);
+      }
     }
   } else {
-    MatTVec(plan.haar, yhat, dim, dim, xo, /*accumulate=*/false);
+    MatTVec(plan.haar, yhat_c, nr, dim, dim, xo, /*accumulate=*/false);
   }
 }
 
@@ -1571,7 +1728,7 @@ HWY_NOINLINE void DecodeRowsImpl(const CodecPlan& plan, const uint8_t* codes, si
   const int bits = plan.mse_bits;
   Scratch& s = ThreadScratch();
   const size_t idx_len = IndexBufferLen(dim);
-  uint8_t* idx = Grow(s.idx, kRows * idx_len);
+  uint8_t* idx = Grow(s.idx, kMatRows * idx_len);
   s.idx_padded_dim = 0;  // UnpackIndices writes whole groups of 8
 
   DecodeCtx ctx;
@@ -1608,6 +1765,15 @@ HWY_NOINLINE void DecodeRowsImpl(const CodecPlan& plan, const uint8_t* codes, si
         o[k] = out + (row + k) * dim;
         UnpackIndices(code[k], dim, bits, idx + k * idx_len, plan.index_bytes);
       }
+      // Output rows a few pairs ahead: request their cache lines for writing
+      // now, so that the read-for-ownership misses of a large output overlap
+      // the arithmetic instead of stalling the stores.
+      if (row + kDecodeAhead + kRows <= rows) {
+        const uint8_t* ahead = reinterpret_cast<const uint8_t*>(out + (row + kDecodeAhead) * dim);
+        for (size_t l = 0; l < kRows * dim * sizeof(float); l += 64) {
+          __builtin_prefetch(ahead + l, 1, 3);
+        }
+      }
       for (size_t b = 0; b < plan.num_blocks; ++b) {
         if (fns[b] != nullptr) {
           fns[b](ctx, b, ix, code, o);
@@ -1625,10 +1791,18 @@ HWY_NOINLINE void DecodeRowsImpl(const CodecPlan& plan, const uint8_t* codes, si
       }
     }
   }
-  for (; row < rows; ++row) {
-    const uint8_t* c = codes + row * plan.row_bytes;
-    if (bits > 0) UnpackIndices(c, dim, bits, idx, plan.index_bytes);
-    DecodeOneRow(ctx, c, idx, out + row * dim);
+  for (; row < rows; row += kMatRows) {
+    const size_t nr = rows - row < kMatRows ? rows - row : kMatRows;
+    const uint8_t* c[kMatRows];
+    const uint8_t* ix[kMatRows];
+    float* o[kMatRows];
+    for (size_t k = 0; k < nr; ++k) {
+      c[k] = codes + (row + k) * plan.row_bytes;
+      ix[k] = idx + k * idx_len;
+      o[k] = out + (row + k) * dim;
+      if (bits > 0) UnpackIndices(c[k], dim, bits, idx + k * idx_len, plan.index_bytes);
+    }
+    DecodeGroup(ctx, c, ix, nr, o);
   }
 }
 

@@ -5,8 +5,11 @@
 #ifndef TQ_SRC_INDEX_ENGINE_H_
 #define TQ_SRC_INDEX_ENGINE_H_
 
+#include <cmath>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -19,8 +22,8 @@
 
 namespace tq::index_internal {
 
-// A scored candidate; `list` is the IVF probe (0 for a flat index), `pos` the
-// position in that store.
+// A scored candidate; `list` is the probe it came from (its rank among the
+// query's probes; 0 for a flat index), `pos` the position in that store.
 struct Cand {
   float score = 0;
   uint32_t list = 0;
@@ -34,20 +37,29 @@ inline bool Better(const Cand& a, const Cand& b) {
   return a.pos < b.pos;
 }
 
-// Bounded selection of the best `cap` candidates (a heap with the worst on top).
+// Bounded selection of the best `cap` candidates. A reservoir of up to 2·cap
+// entries: when it fills, nth_element keeps the best cap and the cap-th best
+// becomes the entry threshold (amortized O(1) a push; a heap costs O(log cap)).
 class TopK {
  public:
-  explicit TopK(size_t cap) : cap_(cap) { heap_.reserve(cap); }
-  // Candidates scoring below this cannot enter (-inf until full).
-  float threshold() const { return full() ? heap_.front().score : -INFINITY; }
-  bool full() const { return heap_.size() >= cap_; }
-  void Push(const Cand& c);
-  // Best first; empties the heap.
+  explicit TopK(size_t cap) : cap_(cap) { buf_.reserve(2 * cap); }
+  // Candidates scoring below this cannot enter (-inf until the first cut).
+  float threshold() const { return cut_ ? worst_.score : -INFINITY; }
+  bool full() const { return cut_; }
+  void Push(const Cand& c) {
+    if (cap_ == 0 || (cut_ && !Better(c, worst_))) return;
+    buf_.push_back(c);
+    if (buf_.size() >= 2 * cap_) Cut();
+  }
+  // Best first (at most cap); empties the selection.
   std::vector<Cand> Take();
 
  private:
+  void Cut();
   size_t cap_;
-  std::vector<Cand> heap_;
+  bool cut_ = false;
+  Cand worst_;
+  std::vector<Cand> buf_;
 };
 
 // The codes of one flat index or one IVF list. Positions are append-only
@@ -59,7 +71,10 @@ struct Store {
   std::vector<uint8_t> removed;   // [n] 0/1
   // Fast-scan layout (Engine::fast): groups of 32 vectors (fastscan.h).
   std::vector<uint8_t> groups;    // [ceil(n/32)][group_bytes]
-  std::vector<float> scales;      // [ceil(n/32)][num_rblocks][32]; empty for IndexScales::kNone
+  std::vector<float> scales;      // [ceil(n/32)][num_rblocks][32]; empty when there are no scales
+  // Per-group bounds for the scan's group skipping (fastscan.h ScanArgs):
+  std::vector<float> scale_bounds;  // [groups][num_rblocks][2] min, max (with scales)
+  std::vector<float> norm2_min;     // [groups] (kL2)
   // Otherwise: the codec's rows.
   std::vector<uint8_t> rows;      // [n][row_bytes]
   std::vector<float> norms2;      // Metric::kL2: squared norm of each encoded vector; fast: padded to groups*32
@@ -69,13 +84,17 @@ struct Store {
 
 struct Engine {
   IndexSpec spec;
-  Codec codec;
+  std::optional<Codec> codec;  // set by InitEngine
   bool fast = false;        // MSE at b <= 4: fast-scan layout
   ScanLayout layout;
   size_t file_row_bytes = 0;  // codec row bytes, without scales for kNone
-  // FlatIndex state.
+  // FlatIndex state. pos_of (id -> position) is built on first use by
+  // Remove/Reconstruct/explicit-id Add (under map_mu: Reconstruct is const),
+  // not by every bulk add of automatic ids.
   Store store;
-  std::unordered_map<int64_t, size_t> pos_of;
+  mutable std::unordered_map<int64_t, size_t> pos_of;
+  mutable bool pos_of_valid = true;
+  mutable std::mutex map_mu;
   int64_t next_id = 0;
 };
 
@@ -95,10 +114,21 @@ Result<std::vector<int64_t>> AssignIds(std::span<const int64_t> ids, size_t n, i
 // Encodes x ([n, dim]) to codec rows (staging; nothing stored yet).
 Status EncodeRows(const Engine& e, std::span<const float> x, std::vector<uint8_t>* rows,
                   size_t threads);
-// Appends n encoded rows. x: the encoded vectors (for L2 norms), orig: what
-// store_originals keeps (may be null when not kept).
-void AppendRows(const Engine& e, Store* s, const uint8_t* rows, const int64_t* ids, const float* x,
-                const float* orig, size_t n);
+// Appends n encoded rows. norms2: squared norms of the encoded vectors
+// (kL2 only, else may be null); orig: what store_originals keeps (may be null
+// when not kept).
+void AppendRows(const Engine& e, Store* s, const uint8_t* rows, const int64_t* ids,
+                const float* norms2, const float* orig, size_t n);
+// The pieces of AppendRows, for parallel adds: ReserveStore sizes every array
+// for `n` positions (s->n is unchanged), WriteAt fills one position (threads
+// may write positions of different groups of 32 concurrently), TruncateStore
+// drops positions >= n (zeroing what they left in the last group).
+void ReserveStore(const Engine& e, Store* s, size_t n);
+void WriteAt(const Engine& e, Store* s, size_t pos, const uint8_t* row, int64_t id, float norm2,
+             const float* orig);
+void TruncateStore(const Engine& e, Store* s, size_t n);
+// Recomputes the group bounds of groups [g0, g1) (after their positions changed).
+void RefreshBounds(const Engine& e, Store* s, size_t g0, size_t g1);
 // Codec row of position p (scales included even for kNone, as 1.0).
 void GetRow(const Engine& e, const Store& s, size_t p, uint8_t* row);
 // Drops removed positions.
@@ -121,7 +151,6 @@ struct Probe {
   const Store* store = nullptr;
   const QueryTables* tables = nullptr;
   float offset = 0;
-  uint32_t list = 0;
 };
 
 // Top candidates of nq (<= kMaxScanQueries) queries over their probes
@@ -130,6 +159,15 @@ struct Probe {
 // Scores: larger is nearer (kL2: minus the squared distance).
 void SearchProbes(const Engine& e, const std::vector<Probe>* probes, size_t nq,
                   const SearchParams& params, std::vector<Cand>* out);
+
+// Re-ranks the best `rerank` candidates with exact scores from the stored
+// originals (q: the prepared query) when asked, then keeps the best k.
+std::vector<Cand> FinishQuery(const Engine& e, const std::vector<Probe>& probes, const float* q,
+                              const SearchParams& params, std::vector<Cand> cands);
+// Writes query q's row of res (ids from the probes' stores; kL2 scores as
+// squared distances).
+void FillResult(const Engine& e, const std::vector<Probe>& probes, const std::vector<Cand>& cands,
+                size_t q, SearchResult* res);
 
 // Validates search params against the engine (k >= 1, rerank, ...).
 Status CheckSearchParams(const Engine& e, const SearchParams& params, bool ivf);
@@ -164,6 +202,9 @@ class FileReader {
   // The payload of a section that must be present exactly once.
   Result<std::span<const uint8_t>> Get(uint32_t tag) const;
   bool Has(uint32_t tag) const;
+  // The file must hold exactly these sections in this order (what Serialize
+  // writes), so that a file that loads also round-trips byte for byte.
+  Status ExpectTags(const std::vector<uint32_t>& tags) const;
 
  private:
   std::vector<std::pair<uint32_t, std::span<const uint8_t>>> sections_;
@@ -204,6 +245,8 @@ std::vector<uint8_t> EncodeSpec(const Engine& e, uint64_t count);
 Status DecodeSpec(std::span<const uint8_t> payload, IndexSpec* spec, int64_t* next_id,
                   uint64_t* count, Engine* e);
 void WriteStores(const Engine& e, const std::vector<const Store*>& stores, FileWriter* w);
+// The store section tags WriteStores writes for this engine, in order.
+std::vector<uint32_t> StoreTags(const Engine& e);
 // Reads the store sections into stores with the given sizes (sum = count).
 Status ReadStores(const Engine& e, const FileReader& r, const std::vector<size_t>& sizes,
                   std::vector<Store>* stores);

@@ -36,11 +36,23 @@ void ScanGroupsImpl(const ScanArgs& a, const ScanQuery* queries, size_t nq,
 
 #else
 
+// Sum of the 128-bit blocks of v (u16 lanes, wrapping), in registers.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<uint16_t>> Fold128(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) * sizeof(uint16_t) > 16) {
+    const hn::Half<D> dh;
+    return Fold128(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
 // Sums of looked-up bytes of slots [s0, s1) (s1 − s0 <= kSlotsPerChunk) of one
 // group for Q queries; out[q][i] for vector i in 0..31.
 template <size_t Q>
 HWY_INLINE void SumSlots(const uint8_t* codes, const ScanQuery* qs, size_t s0, size_t s1,
-                         uint16_t (*out)[kGroup]) {
+                         uint16_t (*out)[kGroup], uint16_t* maxes) {
   const hn::ScalableTag<uint8_t> d8;
   const hn::Repartition<uint16_t, decltype(d8)> d16;
   const hn::Full128<uint8_t> d8x;
@@ -57,6 +69,26 @@ HWY_INLINE void SumSlots(const uint8_t* codes, const ScanQuery* qs, size_t s0, s
   }
   const auto nib = hn::Set(d8, uint8_t{0x0F});
   size_t s = s0;
+  // Two slot vectors at a time: table bytes are <= 127 (fastscan.h), so two
+  // looked-up bytes add without overflow before the u16 widening.
+  for (; s + 2 * per_vec <= s1; s += 2 * per_vec) {
+    const auto c0 = hn::LoadU(d8, codes + 16 * s);
+    const auto c1 = hn::LoadU(d8, codes + 16 * (s + per_vec));
+    const auto lo0 = hn::And(c0, nib);
+    const auto hi0 = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, c0))), nib);
+    const auto lo1 = hn::And(c1, nib);
+    const auto hi1 = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, c1))), nib);
+    for (size_t q = 0; q < Q; ++q) {
+      const auto t0 = hn::LoadU(d8, qs[q].lut + 16 * s);
+      const auto t1 = hn::LoadU(d8, qs[q].lut + 16 * (s + per_vec));
+      const auto rl = hn::BitCast(d16, hn::Add(hn::TableLookupBytes(t0, lo0), hn::TableLookupBytes(t1, lo1)));
+      const auto rh = hn::BitCast(d16, hn::Add(hn::TableLookupBytes(t0, hi0), hn::TableLookupBytes(t1, hi1)));
+      a0[q] = hn::Add(a0[q], rl);
+      a1[q] = hn::Add(a1[q], hn::ShiftRight<8>(rl));
+      a2[q] = hn::Add(a2[q], rh);
+      a3[q] = hn::Add(a3[q], hn::ShiftRight<8>(rh));
+    }
+  }
   for (; s + per_vec <= s1; s += per_vec) {
     const auto c = hn::LoadU(d8, codes + 16 * s);
     const auto lo = hn::And(c, nib);
@@ -72,19 +104,9 @@ HWY_INLINE void SumSlots(const uint8_t* codes, const ScanQuery* qs, size_t s0, s
     }
   }
   const auto nibx = hn::Set(d8x, uint8_t{0x0F});
-  HWY_ALIGN uint16_t buf[4][HWY_MAX_BYTES / sizeof(uint16_t)];
   for (size_t q = 0; q < Q; ++q) {
-    hn::Store(a0[q], d16, buf[0]);
-    hn::Store(a1[q], d16, buf[1]);
-    hn::Store(a2[q], d16, buf[2]);
-    hn::Store(a3[q], d16, buf[3]);
-    auto b0 = hn::Zero(d16x), b1 = hn::Zero(d16x), b2 = hn::Zero(d16x), b3 = hn::Zero(d16x);
-    for (size_t k = 0; k < per_vec; ++k) {
-      b0 = hn::Add(b0, hn::Load(d16x, buf[0] + 8 * k));
-      b1 = hn::Add(b1, hn::Load(d16x, buf[1] + 8 * k));
-      b2 = hn::Add(b2, hn::Load(d16x, buf[2] + 8 * k));
-      b3 = hn::Add(b3, hn::Load(d16x, buf[3] + 8 * k));
-    }
+    auto b0 = Fold128(d16, a0[q]), b1 = Fold128(d16, a1[q]);
+    auto b2 = Fold128(d16, a2[q]), b3 = Fold128(d16, a3[q]);
     // Slots left over by the full-width loop, one 128-bit row at a time.
     for (size_t r = s; r < s1; ++r) {
       const auto c = hn::LoadU(d8x, codes + 16 * r);
@@ -100,6 +122,10 @@ HWY_INLINE void SumSlots(const uint8_t* codes, const ScanQuery* qs, size_t s0, s
     }
     const auto even0 = hn::Sub(b0, hn::ShiftLeft<8>(b1));
     const auto even1 = hn::Sub(b2, hn::ShiftLeft<8>(b3));
+    if (maxes != nullptr) {
+      const auto m = hn::Max(hn::Max(even0, b1), hn::Max(even1, b3));
+      maxes[q] = hn::GetLane(hn::MaxOfLanes(d16x, m));
+    }
     hn::Store(hn::InterleaveLower(d16x, even0, b1), d16x, out[q] + 0);
     hn::Store(hn::InterleaveUpper(d16x, even0, b1), d16x, out[q] + 8);
     hn::Store(hn::InterleaveLower(d16x, even1, b3), d16x, out[q] + 16);
@@ -107,67 +133,131 @@ HWY_INLINE void SumSlots(const uint8_t* codes, const ScanQuery* qs, size_t s0, s
   }
 }
 
-template <size_t Q>
-HWY_NOINLINE void ScanGroupsT(const ScanArgs& a, const ScanQuery* qs, float* const* scores) {
+// Scores of one group from the per-block sums (vector order), written to
+// scores and masks as the reference does.
+// Scores of one group for query q from its per-block sums (u32, vector
+// order), written to scores and masks as the reference does.
+HWY_INLINE void FinishGroup(const ScanArgs& a, const ScanQuery* qs, size_t grp, size_t q,
+                            const uint32_t* acc_r /*[num_rblocks][32]*/, float* const* scores) {
   const ScanLayout& l = *a.layout;
   const hn::ScalableTag<uint32_t> d32;
-  const hn::Rebind<uint16_t, decltype(d32)> d16h;
   const hn::RebindToSigned<decltype(d32)> di32;
   const hn::Rebind<float, decltype(d32)> df;
   const size_t nl = hn::Lanes(d32);
-  HWY_ALIGN uint16_t sums[Q][kGroup];
-  HWY_ALIGN uint32_t acc[Q][kGroup];
-  HWY_ALIGN float score[Q][kGroup];
-  for (size_t grp = 0; grp < a.groups; ++grp) {
-    const uint8_t* codes = a.codes + grp * l.group_bytes;
+  float* out = scores[q] + grp * kGroup;
+  const auto thr = hn::Set(df, a.thresholds != nullptr ? a.thresholds[q] : 0.0f);
+  uint32_t mask = 0;
+  for (size_t i = 0; i < kGroup; i += nl) {
+    auto s = hn::Zero(df);
     for (size_t r = 0; r < l.num_rblocks; ++r) {
-      for (size_t q = 0; q < Q; ++q) {
-        for (size_t i = 0; i < kGroup; i += nl) hn::Store(hn::Zero(d32), d32, acc[q] + i);
+      auto t = hn::ConvertTo(df, hn::BitCast(di32, hn::Load(d32, acc_r + r * kGroup + i)));
+      t = hn::Mul(t, hn::Set(df, qs[q].inv_a[r]));
+      t = hn::Add(t, hn::Set(df, qs[q].bias[r]));
+      if (a.scales != nullptr) {
+        t = hn::Mul(t, hn::LoadU(df, a.scales + (grp * l.num_rblocks + r) * kGroup + i));
       }
-      for (size_t s0 = l.slot_begin[r]; s0 < l.slot_begin[r + 1]; s0 += kSlotsPerChunk) {
-        const size_t s1 = s0 + kSlotsPerChunk < l.slot_begin[r + 1] ? s0 + kSlotsPerChunk
-                                                                     : l.slot_begin[r + 1];
-        SumSlots<Q>(codes, qs, s0, s1, sums);
-        for (size_t q = 0; q < Q; ++q) {
-          for (size_t i = 0; i < kGroup; i += nl) {
-            const auto v = hn::PromoteTo(d32, hn::LoadU(d16h, sums[q] + i));
-            hn::Store(hn::Add(hn::Load(d32, acc[q] + i), v), d32, acc[q] + i);
-          }
-        }
-      }
-      const float* sc = a.scales != nullptr ? a.scales + (grp * l.num_rblocks + r) * kGroup : nullptr;
-      for (size_t q = 0; q < Q; ++q) {
-        const auto inv_a = hn::Set(df, qs[q].inv_a[r]);
-        const auto bias = hn::Set(df, qs[q].bias[r]);
-        for (size_t i = 0; i < kGroup; i += nl) {
-          auto t = hn::ConvertTo(df, hn::BitCast(di32, hn::Load(d32, acc[q] + i)));
-          t = hn::Mul(t, inv_a);
-          t = hn::Add(t, bias);
-          if (sc != nullptr) t = hn::Mul(t, hn::LoadU(df, sc + i));
-          const auto prev = r == 0 ? hn::Zero(df) : hn::Load(df, score[q] + i);
-          hn::Store(hn::Add(prev, t), df, score[q] + i);
-        }
-      }
+      s = hn::Add(s, t);
     }
-    for (size_t q = 0; q < Q; ++q) {
-      float* out = scores[q] + grp * kGroup;
-      for (size_t i = 0; i < kGroup; i += nl) {
-        auto s = hn::Load(df, score[q] + i);
-        if (a.norms2 != nullptr) s = hn::Sub(s, hn::LoadU(df, a.norms2 + grp * kGroup + i));
-        hn::StoreU(s, df, out + i);
-      }
+    if (a.norms2 != nullptr) s = hn::Sub(s, hn::LoadU(df, a.norms2 + grp * kGroup + i));
+    hn::StoreU(s, df, out + i);
+    if (a.thresholds != nullptr) {
+      uint8_t bits[8] = {};
+      hn::StoreMaskBits(df, hn::Gt(s, thr), bits);
+      const uint32_t m = static_cast<uint32_t>(bits[0]) | static_cast<uint32_t>(bits[1]) << 8;
+      mask |= m << i;
     }
+  }
+  if (a.masks != nullptr) a.masks[q][grp] = mask;
+}
+
+// SumSlots for queries [q0, q0 + n), n <= 4: one pass over the group's codes
+// per 4 queries (the codes of a group stay in L1 between passes).
+HWY_INLINE void SumSlotsN(const uint8_t* codes, const ScanQuery* qs, size_t n, size_t s0, size_t s1,
+                          uint16_t (*out)[kGroup], uint16_t* maxes) {
+  switch (n) {
+    case 1: SumSlots<1>(codes, qs, s0, s1, out, maxes); break;
+    case 2: SumSlots<2>(codes, qs, s0, s1, out, maxes); break;
+    case 3: SumSlots<3>(codes, qs, s0, s1, out, maxes); break;
+    default: SumSlots<4>(codes, qs, s0, s1, out, maxes); break;
   }
 }
 
-void ScanGroupsImpl(const ScanArgs& a, const ScanQuery* queries, size_t nq,
-                    float* const* scores) {
-  switch (nq) {
-    case 1: ScanGroupsT<1>(a, queries, scores); break;
-    case 2: ScanGroupsT<2>(a, queries, scores); break;
-    case 3: ScanGroupsT<3>(a, queries, scores); break;
-    case 4: ScanGroupsT<4>(a, queries, scores); break;
-    default: break;
+HWY_NOINLINE void ScanGroupsImpl(const ScanArgs& a, const ScanQuery* qs, size_t nq,
+                                 float* const* scores) {
+  const ScanLayout& l = *a.layout;
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16h;
+  const size_t nl = hn::Lanes(d32);
+  // Group skipping: with thresholds and per-group bounds, a group whose
+  // upper bound on every score (largest sum per block, the block's scale
+  // range, the smallest norm) is not above the threshold gets mask 0 and no
+  // scores. IEEE rounding is monotonic, so the bound, computed with the same
+  // operations in the same order, is never below a computed score.
+  bool skip = a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
+  for (size_t r = 0; r < l.num_rblocks; ++r) {
+    skip = skip && l.slot_begin[r + 1] - l.slot_begin[r] <= kSlotsPerChunk;
+  }
+  HWY_ALIGN uint16_t sums[kMaxBlocks][kMaxScanQueries][kGroup];
+  HWY_ALIGN uint16_t maxes[kMaxBlocks][kMaxScanQueries];
+  HWY_ALIGN uint32_t acc[kMaxBlocks * kGroup];
+  for (size_t grp = 0; grp < a.groups; ++grp) {
+    const uint8_t* codes = a.codes + grp * l.group_bytes;
+    if (skip) {
+      for (size_t q0 = 0; q0 < nq; q0 += 4) {
+        const size_t n = nq - q0 < 4 ? nq - q0 : 4;
+        for (size_t r = 0; r < l.num_rblocks; ++r) {
+          SumSlotsN(codes, qs + q0, n, l.slot_begin[r], l.slot_begin[r + 1], sums[r] + q0,
+                    maxes[r] + q0);
+        }
+      }
+      for (size_t q = 0; q < nq; ++q) {
+        float bound = 0.0f;
+        for (size_t r = 0; r < l.num_rblocks; ++r) {
+          float t = static_cast<float>(maxes[r][q]) * qs[q].inv_a[r];
+          t = t + qs[q].bias[r];
+          if (a.scale_bounds != nullptr) {
+            const float* sb = a.scale_bounds + (grp * l.num_rblocks + r) * 2;  // min, max
+            t = t >= 0.0f ? t * sb[1] : t * sb[0];
+          }
+          bound = bound + t;
+        }
+        if (a.norm2_min != nullptr) bound = bound - a.norm2_min[grp];
+        if (!(bound > a.thresholds[q])) {
+          a.masks[q][grp] = 0;
+          continue;
+        }
+        for (size_t r = 0; r < l.num_rblocks; ++r) {
+          for (size_t i = 0; i < kGroup; i += nl) {
+            hn::Store(hn::PromoteTo(d32, hn::LoadU(d16h, sums[r][q] + i)), d32, acc + r * kGroup + i);
+          }
+        }
+        FinishGroup(a, qs, grp, q, acc, scores);
+      }
+      continue;
+    }
+    for (size_t q0 = 0; q0 < nq; q0 += 4) {
+      const size_t n = nq - q0 < 4 ? nq - q0 : 4;
+      // Per query block sums in u32 (several chunks for blocks of > 256 slots).
+      HWY_ALIGN uint32_t acc4[4][kMaxBlocks * kGroup];
+      for (size_t r = 0; r < l.num_rblocks; ++r) {
+        for (size_t k = 0; k < n; ++k) {
+          for (size_t i = 0; i < kGroup; i += nl) hn::Store(hn::Zero(d32), d32, acc4[k] + r * kGroup + i);
+        }
+        for (size_t s0 = l.slot_begin[r]; s0 < l.slot_begin[r + 1]; s0 += kSlotsPerChunk) {
+          const size_t s1 = s0 + kSlotsPerChunk < l.slot_begin[r + 1] ? s0 + kSlotsPerChunk
+                                                                       : l.slot_begin[r + 1];
+          SumSlotsN(codes, qs + q0, n, s0, s1, sums[0], nullptr);
+          for (size_t k = 0; k < n; ++k) {
+            for (size_t i = 0; i < kGroup; i += nl) {
+              const auto v = hn::PromoteTo(d32, hn::LoadU(d16h, sums[0][k] + i));
+              uint32_t* dst = acc4[k] + r * kGroup + i;
+              hn::Store(hn::Add(hn::Load(d32, dst), v), d32, dst);
+            }
+          }
+        }
+      }
+      for (size_t k = 0; k < n; ++k) FinishGroup(a, qs, grp, q0 + k, acc4[k], scores);
+    }
   }
 }
 

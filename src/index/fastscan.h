@@ -15,9 +15,11 @@
 //
 // Tables. For a rotated query q' and slot s of rotation block r the exact
 // table is T_s[v] = sum_t q'_(j+t) · c_r[v_t]; the kernel uses bytes
-// Q_s[v] = round((T_s[v] − min_v T_s) · a_r), a_r = 255 / max_s range(T_s),
+// Q_s[v] = round((T_s[v] − min_v T_s) · a_r), a_r = 127 / max_s range(T_s),
 // and the estimate of <q', c[idx]> over block r is acc_r / a_r + sum_s min T_s,
-// acc_r being the integer sum of the looked-up bytes.
+// acc_r being the integer sum of the looked-up bytes. Bytes are <= 127
+// (kLutMax), so the kernel adds two looked-up bytes before widening; the
+// kernel requires that of every table.
 //
 // Kernel contract (reference and every target give identical floats): per
 // vector, score = 0; for each rotation block r in order:
@@ -36,8 +38,9 @@
 namespace tq::index_internal {
 
 inline constexpr size_t kGroup = 32;            // vectors per code group
-inline constexpr size_t kMaxScanQueries = 4;    // queries sharing one pass over the codes
+inline constexpr size_t kMaxScanQueries = 16;   // queries sharing one pass over the codes
 inline constexpr size_t kSlotsPerChunk = 256;   // 256 · 255 < 2^16: exact u16 sums
+inline constexpr unsigned kLutMax = 127;        // largest table byte BuildTables writes
 
 struct ScanLayout {
   int bits = 0;             // 1..4
@@ -48,6 +51,9 @@ struct ScanLayout {
   size_t slot_begin[kMaxBlocks + 1] = {};   // and slots [slot_begin[r], slot_begin[r+1])
   size_t slots = 0;
   size_t group_bytes = 0;   // 16 · slots
+  // b in {1, 2, 4} and every block a multiple of g coordinates: slot s is then
+  // nibble s of the codec's packed index stream.
+  bool nibble_aligned = false;
 };
 
 // For an MSE plan with 1 <= mse_bits <= 4.
@@ -65,15 +71,33 @@ struct ScanArgs {
   const float* scales = nullptr;   // [groups][num_rblocks][32], or null (scale 1)
   const float* norms2 = nullptr;   // [groups][32], or null
   size_t groups = 0;
+  // Optional: per query a threshold; masks[q][g] gets bit i set when
+  // score of vector i of group g > thresholds[q] (strict, IEEE compare).
+  const float* thresholds = nullptr;
+  uint32_t* const* masks = nullptr;
+  // Optional, with thresholds and masks: groups whose score bound is not
+  // above a query's threshold may be skipped (mask 0, scores left unwritten).
+  // scale_bounds: [groups][num_rblocks][2] = min, max of the group's scales
+  // over all 32 lanes (null when scales is null); norm2_min: [groups], the
+  // smallest norms2 of the group's 32 lanes (null when norms2 is null).
+  bool group_bounds = false;
+  const float* scale_bounds = nullptr;
+  const float* norm2_min = nullptr;
 };
 
 // scores[q][v], v in [0, 32 · groups), for nq <= kMaxScanQueries queries.
+// With group bounds, scores are defined only where the mask bit is set.
 void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores);
 
 // Builds float tables lut_f ([slots][16]) of a rotated query and their byte
 // quantization (lut8 [slots][16], inv_a, bias). Entries v >= 2^(b·g) are 0.
 void BuildTables(const ScanLayout& layout, const CodecPlan& plan, const float* q_rot,
                  float* lut_f, uint8_t* lut8, ScanQuery* query);
+
+// Fills scale_bounds / norm2_min entries of groups [g0, g1) from scales and
+// norms2 (either may be null; then its bounds are not written).
+void ComputeGroupBounds(const ScanLayout& layout, const float* scales, const float* norms2,
+                        size_t g0, size_t g1, float* scale_bounds, float* norm2_min);
 
 // Nibble of vector i (0..31) of a group for slot s.
 inline unsigned GroupNibble(const uint8_t* group, size_t s, size_t i) {

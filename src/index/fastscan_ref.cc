@@ -27,6 +27,10 @@ ScanLayout MakeScanLayout(const CodecPlan& plan) {
   l.slot_begin[plan.num_blocks] = slots;
   l.slots = slots;
   l.group_bytes = 16 * slots;
+  l.nibble_aligned = plan.mse_bits != 3;
+  for (size_t r = 0; r < plan.num_blocks; ++r) {
+    l.nibble_aligned = l.nibble_aligned && plan.blocks[r].size % g == 0;
+  }
   return l;
 }
 
@@ -87,14 +91,14 @@ void BuildTables(const ScanLayout& l, const CodecPlan& plan, const float* q, flo
       // Keep the minimum in the unused entries' place for the byte pass.
       for (unsigned v = values; v < 16; ++v) t[v] = lo;
     }
-    const float a = max_range > 0.0f ? 255.0f / max_range : 1.0f;
+    const float a = max_range > 0.0f ? static_cast<float>(kLutMax) / max_range : 1.0f;
     for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
       float* t = lut_f + 16 * s;
       float lo = t[0];
       for (unsigned v = 1; v < values; ++v) lo = std::min(lo, t[v]);
       for (unsigned v = 0; v < 16; ++v) {
         const float x = std::floor((t[v] - lo) * a + 0.5f);
-        lut8[16 * s + v] = v < values ? static_cast<uint8_t>(std::clamp(x, 0.0f, 255.0f)) : 0;
+        lut8[16 * s + v] = v < values ? static_cast<uint8_t>(std::clamp(x, 0.0f, static_cast<float>(kLutMax))) : 0;
         if (v >= values) t[v] = 0.0f;
       }
     }
@@ -118,6 +122,27 @@ float ScoreOneFloat(const ScanLayout& l, const float* lut_f, const uint8_t* grou
   return score;
 }
 
+void ComputeGroupBounds(const ScanLayout& l, const float* scales, const float* norms2, size_t g0,
+                        size_t g1, float* scale_bounds, float* norm2_min) {
+  for (size_t g = g0; g < g1; ++g) {
+    for (size_t r = 0; r < l.num_rblocks && scales != nullptr; ++r) {
+      const float* sc = scales + (g * l.num_rblocks + r) * kGroup;
+      float lo = sc[0], hi = sc[0];
+      for (size_t i = 1; i < kGroup; ++i) {
+        lo = std::min(lo, sc[i]);
+        hi = std::max(hi, sc[i]);
+      }
+      scale_bounds[(g * l.num_rblocks + r) * 2] = lo;
+      scale_bounds[(g * l.num_rblocks + r) * 2 + 1] = hi;
+    }
+    if (norms2 != nullptr) {
+      float lo = norms2[g * kGroup];
+      for (size_t i = 1; i < kGroup; ++i) lo = std::min(lo, norms2[g * kGroup + i]);
+      norm2_min[g] = lo;
+    }
+  }
+}
+
 namespace ref {
 
 void ScanGroups(const ScanArgs& a, const ScanQuery* queries, size_t nq, float* const* scores) {
@@ -126,6 +151,7 @@ void ScanGroups(const ScanArgs& a, const ScanQuery* queries, size_t nq, float* c
     const uint8_t* codes = a.codes + grp * l.group_bytes;
     for (size_t q = 0; q < nq; ++q) {
       const ScanQuery& sq = queries[q];
+      uint32_t mask = 0;
       for (size_t i = 0; i < kGroup; ++i) {
         float score = 0.0f;
         for (size_t r = 0; r < l.num_rblocks; ++r) {
@@ -140,7 +166,9 @@ void ScanGroups(const ScanArgs& a, const ScanQuery* queries, size_t nq, float* c
         }
         if (a.norms2 != nullptr) score = score - a.norms2[grp * kGroup + i];
         scores[q][grp * kGroup + i] = score;
+        if (a.thresholds != nullptr && score > a.thresholds[q]) mask |= 1u << i;
       }
+      if (a.masks != nullptr) a.masks[q][grp] = mask;
     }
   }
 }
