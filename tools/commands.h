@@ -9,6 +9,8 @@ namespace tq::tools {
 void RegisterDemo(CLI::App& app);
 void RegisterDistortion(CLI::App& app);
 void RegisterBenchCodec(CLI::App& bench);
+void RegisterBenchKv(CLI::App& bench);
+void RegisterBenchKvQuality(CLI::App& bench);
 void RegisterSearch(CLI::App& app);
 
 }  // namespace tq::tools

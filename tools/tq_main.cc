@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks (JSON with --json)");
   bench->require_subcommand(1);
   tq::tools::RegisterBenchCodec(*bench);
+  tq::tools::RegisterBenchKv(*bench);
+  tq::tools::RegisterBenchKvQuality(*bench);
   tq::tools::RegisterSearch(app);
   try {
     app.parse(argc, argv);

@@ -45,7 +45,9 @@ class TrackedBuffer {
   // doubling so that appends are amortized O(1)).
   void Reserve(size_t n, bool exact = false) {
     if (n <= capacity_) return;
-    const size_t cap = exact ? n : std::max(n, 2 * capacity_);
+    // Grow by 1/4: appends stay amortized O(1) while unused capacity (the
+    // ledger's "slack") stays under 20% of the buffer.
+    const size_t cap = exact ? n : std::max(n, capacity_ + capacity_ / 4 + 64);
     uint8_t* p = static_cast<uint8_t*>(std::malloc(cap));
     if (p == nullptr) throw std::bad_alloc();
     if (size_) std::memcpy(p, data_, size_);

@@ -1,0 +1,325 @@
+// tq bench kv (bytes per token and longest context per preset, from the
+// ledger) and tq bench kv-quality (reconstruction and attention-output error
+// per preset on synthetic outlier/bias KV and on real K/V of llama2.c models).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "commands.h"
+#include "llama2c.h"
+#include "tq/kv_cache.h"
+#include "tq/random.h"
+
+namespace tq::tools {
+namespace {
+
+[[noreturn]] void Fail(const Status& s) {
+  std::fprintf(stderr, "tq: error: %s\n", s.ToString().c_str());
+  std::exit(2);
+}
+
+struct KvBytesRow {
+  std::string preset;
+  double bits_per_value = 0;
+  double bytes_per_token = 0;  // all layers and KV heads, K + V, from the ledger
+  double ratio_vs_fp16 = 0;
+  size_t max_context = 0;      // longest context for one sequence within the budget
+};
+
+// Measures one layer with `context` tokens through a real KVCache and scales
+// to all layers (every layer has the same preset here).
+KvBytesRow MeasureKvBytes(const std::string& preset, const ModelShape& shape, size_t context,
+                          double budget_bytes) {
+  KVCacheConfig cfg{.shape = {1, shape.num_kv_heads, shape.head_dim}, .max_sequences = 1, .preset = preset};
+  auto cache = KVCache::Create(cfg);
+  if (!cache.ok()) Fail(cache.status());
+  const size_t per = shape.num_kv_heads * shape.head_dim;
+  GaussianStream g(Absorb(0x6b76, shape.head_dim));
+  const size_t step = 4096;
+  std::vector<float> k, v;
+  KVLedger half{};
+  for (size_t done = 0; done < context;) {
+    const size_t n = std::min(step, context - done);
+    k.resize(n * per);
+    v.resize(n * per);
+    for (auto& x : k) x = static_cast<float>(g.Next());
+    for (auto& x : v) x = static_cast<float>(g.Next());
+    Status s = cache->Append(0, 0, k, v);
+    if (!s.ok()) Fail(s);
+    done += n;
+    if (done <= context / 2) half = cache->Ledger();
+  }
+  const KVLedger led = cache->Ledger();
+  KvBytesRow row;
+  row.preset = preset;
+  auto p = GetKVPreset(preset);
+  row.bits_per_value = *PresetBitsPerValue(*p, shape.head_dim);
+  const double L = static_cast<double>(shape.num_layers);
+  row.bytes_per_token = L * static_cast<double>(led.total()) / static_cast<double>(context);
+  row.ratio_vs_fp16 = led.ratio_vs_fp16();
+  // Marginal bytes per token (payload + metadata) and the fixed part.
+  const double marginal = L * static_cast<double>((led.payload + led.metadata) - (half.payload + half.metadata)) /
+                          static_cast<double>(context - context / 2);
+  const double fixed = L * static_cast<double>(led.codec_state + led.means + led.sinks + led.recent);
+  row.max_context = marginal > 0 && budget_bytes > fixed ? static_cast<size_t>((budget_bytes - fixed) / marginal) : 0;
+  return row;
+}
+
+// ---------------------------------------------------------------------------
+// Quality.
+// ---------------------------------------------------------------------------
+struct QualityRow {
+  std::string preset;
+  double bits_per_value = 0;
+  double k_rel_mse = 0, v_rel_mse = 0, attn_rel_err = 0;
+};
+
+// K, V: [T][kv_heads][d]; Q: [T][q_heads][d]. Everything is compressed
+// (no sinks, no recent window: the format alone), prefilled in one Append.
+// Attention error over query positions [T/2, T), causal.
+QualityRow EvalLayer(const std::string& preset, size_t kvh, size_t qh, size_t d, const std::vector<float>& K,
+                     const std::vector<float>& V, const std::vector<float>& Q, double* acc) {
+  const size_t T = K.size() / (kvh * d);
+  KVCacheConfig cfg{.shape = {1, kvh, d}, .max_sequences = 1, .preset = preset};
+  cfg.policy.sink_tokens = 0;
+  cfg.policy.recent_window = 0;
+  cfg.policy.compress_chunk = 1;
+  cfg.policy.dense_type = Half16::kBF16;  // never the bottleneck of an f16 check
+  auto cache = KVCache::Create(cfg);
+  if (!cache.ok()) Fail(cache.status());
+  Status s = cache->Append(0, 0, K, V);
+  if (!s.ok()) Fail(s);
+  std::vector<float> Kh(K.size()), Vh(V.size());
+  s = cache->DequantizeForDiagnostics(0, 0, Kh, Vh);
+  if (!s.ok()) Fail(s);
+  for (size_t i = 0; i < K.size(); ++i) {
+    acc[0] += (Kh[i] - K[i]) * (Kh[i] - K[i]);
+    acc[1] += static_cast<double>(K[i]) * K[i];
+    acc[2] += (Vh[i] - V[i]) * (Vh[i] - V[i]);
+    acc[3] += static_cast<double>(V[i]) * V[i];
+  }
+  std::vector<double> p(T), ph(T);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (size_t t = T / 2; t < T; ++t) {
+    for (size_t h = 0; h < qh; ++h) {
+      const size_t kh = h / (qh / kvh);
+      const float* q = Q.data() + (t * qh + h) * d;
+      double mx = -1e300, mxh = -1e300;
+      for (size_t u = 0; u <= t; ++u) {
+        double a = 0, b = 0;
+        for (size_t j = 0; j < d; ++j) {
+          a += q[j] * K[(u * kvh + kh) * d + j];
+          b += q[j] * Kh[(u * kvh + kh) * d + j];
+        }
+        p[u] = a * scale;
+        ph[u] = b * scale;
+        mx = std::max(mx, p[u]);
+        mxh = std::max(mxh, ph[u]);
+      }
+      double z = 0, zh = 0;
+      for (size_t u = 0; u <= t; ++u) {
+        z += (p[u] = std::exp(p[u] - mx));
+        zh += (ph[u] = std::exp(ph[u] - mxh));
+      }
+      for (size_t j = 0; j < d; ++j) {
+        double o = 0, oh = 0;
+        for (size_t u = 0; u <= t; ++u) {
+          o += p[u] * V[(u * kvh + kh) * d + j];
+          oh += ph[u] * Vh[(u * kvh + kh) * d + j];
+        }
+        o /= z;
+        oh /= zh;
+        acc[4] += (oh - o) * (oh - o);
+        acc[5] += o * o;
+      }
+    }
+  }
+  return {};
+}
+
+QualityRow Finish(const std::string& preset, size_t d, const double* acc) {
+  QualityRow r;
+  r.preset = preset;
+  r.bits_per_value = *PresetBitsPerValue(*GetKVPreset(preset), d);
+  r.k_rel_mse = acc[0] / acc[1];
+  r.v_rel_mse = acc[2] / acc[3];
+  r.attn_rel_err = acc[4] / acc[5];
+  return r;
+}
+
+// Synthetic KV with what breaks naive quantizers: a per-channel key bias,
+// three outlier channels at 8x, and queries aligned with earlier keys so that
+// attention is peaked.
+void SyntheticKV(size_t T, size_t kvh, size_t qh, size_t d, std::vector<float>* K, std::vector<float>* V,
+                 std::vector<float>* Q) {
+  GaussianStream g(0x5151);
+  std::vector<float> bias(kvh * d);
+  for (auto& b : bias) b = 1.5f * static_cast<float>(g.Next());
+  K->resize(T * kvh * d);
+  V->resize(T * kvh * d);
+  Q->resize(T * qh * d);
+  for (size_t t = 0; t < T; ++t) {
+    for (size_t h = 0; h < kvh; ++h) {
+      for (size_t j = 0; j < d; ++j) {
+        const float out = (j == 3 || j == d / 2 || j == d - 5) ? 8.0f : 1.0f;
+        (*K)[(t * kvh + h) * d + j] = static_cast<float>(g.Next()) * out + bias[h * d + j];
+        (*V)[(t * kvh + h) * d + j] = static_cast<float>(g.Next());
+      }
+    }
+  }
+  SplitMix64 pick(9);
+  for (size_t t = 0; t < T; ++t) {
+    const size_t src = pick.Next() % (t + 1);
+    for (size_t h = 0; h < qh; ++h) {
+      const size_t kh = h / (qh / kvh);
+      for (size_t j = 0; j < d; ++j) {
+        (*Q)[(t * qh + h) * d + j] = 0.6f * ((*K)[(src * kvh + kh) * d + j] - bias[kh * d + j]) +
+                                     static_cast<float>(g.Next());
+      }
+    }
+  }
+}
+
+const std::vector<std::string> kQualityPresets = {
+    "k8_v8", "k4_v4", "k4_v3", "k4_v2", "k3_v3", "k3_v2", "k2_v2", "kp4_v4", "kp3_v3",
+    "turboquant35", "turboquant25", "kivi4", "kivi2", "q8", "turboquant_4bit_nc", "turboquant_3bit_nc"};
+
+}  // namespace
+
+void RegisterBenchKv(CLI::App& bench) {
+  struct Args {
+    size_t layers = 32, kv_heads = 8, head_dim = 128, context = 32768;
+    double budget_gib = 16;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = bench.add_subcommand("kv", "bytes per token and longest context per KV preset (from the byte ledger)");
+  cmd->add_option("--layers", a->layers)->capture_default_str();
+  cmd->add_option("--kv-heads", a->kv_heads)->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim)->capture_default_str();
+  cmd->add_option("--context", a->context, "tokens appended to measure the ledger")->capture_default_str();
+  cmd->add_option("--budget-gib", a->budget_gib, "memory budget for one sequence")->capture_default_str();
+  cmd->add_flag("--json", a->json);
+  cmd->callback([a] {
+    if (a->layers == 0 || a->kv_heads == 0 || a->head_dim == 0 || a->context < 2) {
+      Fail(InvalidArgumentError("--layers, --kv-heads, --head-dim must be >= 1 and --context >= 2"));
+    }
+    const ModelShape shape{a->layers, a->kv_heads, a->head_dim};
+    const double budget = a->budget_gib * 1073741824.0;
+    std::vector<KvBytesRow> rows;
+    Progress progress("bench kv (presets)");
+    const auto names = KVPresetNames();
+    for (size_t i = 0; i < names.size(); ++i) {
+      progress.Update(i, names.size());
+      auto p = GetKVPreset(names[i]);
+      if (!PresetBytesPerTokenHead(*p, a->head_dim).ok()) continue;  // e.g. recipes at tiny dims
+      rows.push_back(MeasureKvBytes(names[i], shape, a->context, budget));
+    }
+    progress.Done();
+    if (a->json) {
+      nlohmann::json j;
+      j["layers"] = a->layers;
+      j["kv_heads"] = a->kv_heads;
+      j["head_dim"] = a->head_dim;
+      j["context"] = a->context;
+      j["budget_gib"] = a->budget_gib;
+      for (const auto& r : rows) {
+        j["results"].push_back({{"preset", r.preset}, {"bits_per_value", r.bits_per_value},
+                                {"bytes_per_token", r.bytes_per_token}, {"ratio_vs_fp16", r.ratio_vs_fp16},
+                                {"max_context", r.max_context}});
+      }
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    std::printf("KV cache: %zu layers x %zu KV heads x head_dim %zu, %zu tokens, budget %.1f GiB\n", a->layers,
+                a->kv_heads, a->head_dim, a->context, a->budget_gib);
+    Table t({"preset", "bits/value", "bytes/token", "vs fp16", "max context"});
+    for (const auto& r : rows) {
+      t.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), FmtFixed(r.bytes_per_token, 1),
+                FmtFixed(r.ratio_vs_fp16, 2) + "x", std::to_string(r.max_context)});
+    }
+    t.Print(stdout);
+  });
+}
+
+void RegisterBenchKvQuality(CLI::App& bench) {
+  struct Args {
+    std::vector<std::string> models;
+    size_t tokens = 256;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = bench.add_subcommand(
+      "kv-quality", "per-preset key/value relative MSE and attention-output error: synthetic and real K/V");
+  cmd->add_option("--model", a->models, "llama2.c checkpoint(s) to capture real K/V from");
+  cmd->add_option("--tokens", a->tokens, "tokens per model run")->capture_default_str();
+  cmd->add_flag("--json", a->json);
+  cmd->callback([a] {
+    nlohmann::json j;
+    struct Source {
+      std::string name;
+      size_t kvh, qh, d;
+      std::vector<std::vector<float>> K, V, Q;  // per layer
+    };
+    std::vector<Source> sources;
+    {
+      Source s{"synthetic (d=128, GQA 4, key bias + 3 outlier channels, 1024 tokens)", 2, 8, 128, {}, {}, {}};
+      s.K.resize(1);
+      s.V.resize(1);
+      s.Q.resize(1);
+      SyntheticKV(1024, 2, 8, 128, &s.K[0], &s.V[0], &s.Q[0]);
+      sources.push_back(std::move(s));
+    }
+    for (const auto& path : a->models) {
+      auto m = LoadLlama2c(path);
+      if (!m.ok()) Fail(m.status());
+      const size_t steps = std::min<size_t>(a->tokens, static_cast<size_t>(m->seq_len));
+      auto cap = RunAndCapture(*m, steps, 42);
+      if (!cap.ok()) Fail(cap.status());
+      Source s{std::filesystem::path(path).filename().string() + " (d=" + std::to_string(m->head_dim()) + ", " +
+                   std::to_string(m->layers) + " layers, " + std::to_string(steps) + " tokens)",
+               static_cast<size_t>(m->kv_heads), static_cast<size_t>(m->heads), static_cast<size_t>(m->head_dim()),
+               cap->k, cap->v, cap->q};
+      sources.push_back(std::move(s));
+    }
+    Progress progress("kv-quality (sources x presets)");
+    size_t step = 0;
+    for (const auto& src : sources) {
+      std::vector<QualityRow> rows;
+      for (const auto& preset : kQualityPresets) {
+        progress.Update(step++, sources.size() * kQualityPresets.size());
+        if (!PresetBytesPerTokenHead(*GetKVPreset(preset), src.d).ok()) continue;
+        double acc[6] = {0, 0, 0, 0, 0, 0};
+        for (size_t l = 0; l < src.K.size(); ++l) EvalLayer(preset, src.kvh, src.qh, src.d, src.K[l], src.V[l], src.Q[l], acc);
+        rows.push_back(Finish(preset, src.d, acc));
+      }
+      nlohmann::json js;
+      js["source"] = src.name;
+      for (const auto& r : rows) {
+        js["results"].push_back({{"preset", r.preset}, {"bits_per_value", r.bits_per_value},
+                                 {"k_rel_mse", r.k_rel_mse}, {"v_rel_mse", r.v_rel_mse},
+                                 {"attn_rel_err", r.attn_rel_err}});
+      }
+      j["sources"].push_back(js);
+      if (!a->json) {
+        std::printf("\n%s\n", src.name.c_str());
+        Table t({"preset", "bits/value", "K rel MSE", "V rel MSE", "attn out rel err"});
+        for (const auto& r : rows) {
+          t.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), Fmt(r.k_rel_mse, 3), Fmt(r.v_rel_mse, 3),
+                    Fmt(r.attn_rel_err, 3)});
+        }
+        t.Print(stdout);
+      }
+    }
+    progress.Done();
+    if (a->json) std::printf("%s\n", j.dump(2).c_str());
+  });
+}
+
+}  // namespace tq::tools
