@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "core/thread_pool.h"
 #include "tq/codec.h"
+#include "tq/kv_format.h"
 #include "tq/metrics.h"
 #include "tq/version.h"
 
@@ -333,7 +334,22 @@ void RegisterDemo(CLI::App& app) {
                 FmtFixed(2.0 * dim / sc->row_bytes(), 2) + "x", "-", "-", "-"});
     }
     t.Print(stdout);
-    std::printf("\nMore: tq distortion --help, tq bench codec --help\n");
+
+    std::printf("\n3) KV cache presets for a Llama-3-8B-shaped model (32 layers, 8 KV heads, head_dim 128):\n"
+                "   bytes per token (K+V, all layers, every byte of metadata) and tokens per 16 GiB\n");
+    Table kv({"preset", "bits/value", "bytes/token", "vs fp16", "tokens in 16 GiB"});
+    for (const char* name : {"k16_v16", "k8_v8", "k4_v4", "k4_v3", "k3_v3", "turboquant35", "kivi4"}) {
+      auto p = GetKVPreset(name);
+      auto bytes = PresetBytesPerTokenHead(*p, dim);
+      if (!bytes.ok()) Fail(bytes.status());
+      const double per_token = 32.0 * 8.0 * static_cast<double>(*bytes);
+      kv.AddRow({name, FmtFixed(*PresetBitsPerValue(*p, dim), 3), FmtFixed(per_token, 0),
+                 FmtFixed(512.0 / static_cast<double>(*bytes), 2) + "x",
+                 std::to_string(static_cast<size_t>(16.0 * 1073741824.0 / per_token))});
+    }
+    kv.Print(stdout);
+    std::printf("   (row sizes; a live cache's ledger also counts dense windows and buffer slack: tq bench kv;\n    quality: tq bench kv-quality)\n");
+    std::printf("\nMore: tq distortion --help, tq bench codec --help, tq bench kv --help\n");
   });
 }
 

@@ -132,9 +132,13 @@ class KVCache {
   static Result<KVCache> Load(const std::string& path);
   std::vector<uint8_t> Serialize() const;
   static Result<KVCache> Deserialize(std::span<const uint8_t> bytes);
+  // Fuzzing only: the same parser with every checksum comparison skipped, so
+  // that a fuzzer reaches the structural checks behind them.
+  static Result<KVCache> DeserializeWithoutChecksumsForFuzzing(std::span<const uint8_t> bytes);
 
  private:
   struct Impl;
+  static Result<KVCache> DeserializeImpl(std::span<const uint8_t> bytes, bool verify);
   explicit KVCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
