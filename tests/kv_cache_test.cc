@@ -290,6 +290,9 @@ TEST(KVCacheTest, ConfigErrors) {
   KVCacheConfig c{.shape = {2, 1, 64}};
   c.policy.layer_presets[7] = "k4_v4";
   EXPECT_THAT(KVCache::Create(c).status().message(), HasSubstr("layer 7"));
+  // Found by the fuzzer: a shape whose store objects alone need gigabytes.
+  EXPECT_THAT(KVCache::Create({.shape = {247, 2, 16}, .max_sequences = 32770}).status().message(),
+              HasSubstr("layers x heads x sequences"));
   c.policy.layer_presets.clear();
   c.policy.compress_chunk = 0;
   EXPECT_THAT(KVCache::Create(c).status().message(), HasSubstr("compress_chunk"));

@@ -30,8 +30,12 @@ Result<KVCache> KVCache::Create(const KVCacheConfig& config) {
                                 Str(s.num_layers) + ", " + Str(s.num_kv_heads) + ", " +
                                 Str(s.head_dim) + ", " + Str(config.max_sequences));
   }
-  if (s.num_layers > 4096 || s.num_kv_heads > 4096 || config.max_sequences > (1u << 20)) {
-    return InvalidArgumentError("KVCache shape too large (layers and heads <= 4096, sequences <= 2^20)");
+  // Every (layer, sequence, head) owns a small store object, created up front.
+  if (s.num_layers > 4096 || s.num_kv_heads > 4096 || config.max_sequences > (1u << 20) ||
+      s.num_layers * s.num_kv_heads * config.max_sequences > (size_t{1} << 20)) {
+    return InvalidArgumentError("KVCache shape too large: layers and heads <= 4096, sequences <= 2^20 and "
+                                "layers x heads x sequences <= 2^20; got " + Str(s.num_layers) + " x " +
+                                Str(s.num_kv_heads) + " x " + Str(config.max_sequences));
   }
   const KVPolicy& p = config.policy;
   if (p.compress_chunk == 0 || p.compress_chunk > 65536) {

@@ -211,10 +211,14 @@ Result<KVCache> KVCache::DeserializeImpl(std::span<const uint8_t> bytes, bool ve
   }
   if (!h.U64(&seed)) return Corrupt("seed");
   if (L == 0 || L > 4096 || H == 0 || H > 4096 || D == 0 || D > 4096 || S == 0 || S > (1u << 20) ||
-      L * H * S > (1u << 24) || dt > 1 || ck > 1 || cv > 1 || rw > (1u << 24) || sk > (1u << 24) ||
+      L * H * S > (1u << 20) || dt > 1 || ck > 1 || cv > 1 || rw > (1u << 24) || sk > (1u << 24) ||
       ch == 0 || ch > 65536) {
     return Corrupt("header values out of range");
   }
+  // Each (layer, sequence, head) section takes at least 56 bytes: a file
+  // cannot declare more sections than it can hold (checked before allocating).
+  constexpr size_t kMinSection = 4 * 4 + 4 * 8 + 8;
+  if (L * H * S > (bytes.size() - hstart) / kMinSection) return Corrupt("more sections declared than the file holds");
   c.shape = {L, H, D};
   c.max_sequences = S;
   c.policy.recent_window = rw;
