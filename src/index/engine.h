@@ -17,6 +17,7 @@
 
 #include "index/fastscan.h"
 #include "tq/codec.h"
+#include "core/file_io.h"
 #include "tq/index.h"
 #include "tq/status.h"
 
@@ -210,8 +211,8 @@ class FileReader {
   std::vector<std::pair<uint32_t, std::span<const uint8_t>>> sections_;
 };
 
-Status WriteFileAtomic(const std::string& path, std::span<const uint8_t> bytes);
-Result<std::vector<uint8_t>> ReadWholeFile(const std::string& path);
+using ::tq::WriteFileAtomic;
+using ::tq::ReadWholeFile;
 
 // Little-endian byte buffer helpers.
 class ByteWriter {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/file_io.h"
 #include "kv/kv_cache_internal.h"
 #include "tq/format.h"
 #include "tq/kv_cache.h"
@@ -314,48 +315,10 @@ Result<KVCache> KVCache::DeserializeImpl(std::span<const uint8_t> bytes, bool ve
   return cache;
 }
 
-Status KVCache::Save(const std::string& path) const {
-  const std::vector<uint8_t> bytes = Serialize();
-  const std::string tmp = path + ".tmp." + Str(static_cast<size_t>(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("cannot create '" + tmp + "': " + std::strerror(errno));
-  size_t off = 0;
-  while (off < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return IoError("writing '" + tmp + "': " + err);
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return IoError("flushing '" + tmp + "' failed");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return IoError("renaming '" + tmp + "' to '" + path + "': " + err);
-  }
-  // Make the rename durable.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::Ok();
-}
+Status KVCache::Save(const std::string& path) const { return WriteFileAtomic(path, Serialize()); }
 
 Result<KVCache> KVCache::Load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError("cannot open KV cache file '" + path + "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) return IoError("reading '" + path + "' failed");
+  TQ_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(path));
   return Deserialize(bytes);
 }
 

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "core/file_io.h"
 #include "kv/tracked_buffer.h"
 #include "tq/format.h"
 
@@ -512,32 +513,11 @@ Result<size_t> PagedKVCache::DeserializeSequence(std::span<const uint8_t> bytes)
 
 Status PagedKVCache::SaveSequence(size_t seq, const std::string& path) const {
   TQ_RETURN_IF_ERROR(CheckSeq(impl_->seqs, seq));
-  const std::vector<uint8_t> bytes = SerializeSequence(seq);
-  const std::string tmp = path + ".tmp." + Str(static_cast<size_t>(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("cannot create '" + tmp + "': " + std::strerror(errno));
-  size_t off = 0;
-  while (off < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return IoError("writing '" + tmp + "' failed");
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return IoError("saving '" + path + "' failed: " + std::strerror(errno));
-  }
-  return Status::Ok();
+  return WriteFileAtomic(path, SerializeSequence(seq));
 }
 
 Result<size_t> PagedKVCache::LoadSequence(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError("cannot open paged sequence file '" + path + "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  TQ_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(path));
   return DeserializeSequence(bytes);
 }
 
