@@ -317,25 +317,77 @@ TEST(KVCacheTest, BoundaryLayersAndOverridesPickTheirPresets) {
 // Bytes per (token, KV head), K + V, at head_dim 128, every byte counted.
 // The same table is in docs/FORMAT.md ("KV presets").
 TEST(KVPresetTest, BytesPerTokenHeadAtHeadDim128) {
+  // Hand-derived where a formula is given; the rest are the FORMAT.md table.
   const std::map<std::string, size_t> want = {
-      {"k16_v16", 512}, {"k16_v8", 256 + 144}, {"k16_v4", 256 + 66}, {"k8_v8", 136 + 144},
-      {"k8_v4", 136 + 66}, {"k4_v8", 66 + 144}, {"k4_v4", 132}, {"k4_v3", 66 + 50},
-      {"k4_v2", 66 + 34}, {"k3_v4", 50 + 66}, {"k3_v3", 100}, {"k3_v2", 50 + 34},
-      {"k2_v2", 68}, {"kp4_v4", (48 + 16 + 2 + 2) + 66}, {"kp3_v3", (32 + 16 + 2 + 2) + 50},
-      {"turboquant25", 46 + 42}, {"turboquant35", 62 + 58}, {"kivi4", 64 + 16 + 64 + 16},
-      {"kivi2", 32 + 16 + 32 + 16}, {"q8", 136 + 144}, {"turboquant_k8v4", 136 + 68},
-      {"turboquant_4bit_nc", 66 + 68}, {"turboquant_k3v4_nc", 50 + 68}, {"turboquant_3bit_nc", 50 + 52}};
+      {"k16_v16", 512},
+      {"k16_v8", 256 + 144},
+      {"k16_v4", 256 + 66},
+      {"k16_v3", 306},
+      {"k16_v2", 290},
+      {"k8_v16", 392},
+      {"k8_v8", 136 + 144},
+      {"k8_v4", 136 + 66},
+      {"k8_v3", 186},
+      {"k8_v2", 170},
+      {"k4_v16", 322},
+      {"k4_v8", 66 + 144},
+      {"k4_v4", 132},
+      {"k4_v3", 66 + 50},
+      {"k4_v2", 66 + 34},
+      {"k3_v16", 306},
+      {"k3_v8", 194},
+      {"k3_v4", 50 + 66},
+      {"k3_v3", 100},
+      {"k3_v2", 50 + 34},
+      {"k2_v16", 290},
+      {"k2_v8", 178},
+      {"k2_v4", 100},
+      {"k2_v3", 84},
+      {"k2_v2", 68},
+      {"kp4_v4", (48 + 16 + 2 + 2) + 66},
+      {"kp3_v3", (32 + 16 + 2 + 2) + 50},
+      {"turboquant25", 46 + 42},
+      {"turboquant35", 62 + 58},
+      {"kivi4", 64 + 16 + 64 + 16},
+      {"kivi2", 32 + 16 + 32 + 16},
+      {"q8", 136 + 144},
+      {"turboquant_k8v4", 136 + 68},
+      {"turboquant_4bit_nc", 66 + 68},
+      {"turboquant_k3v4_nc", 50 + 68},
+      {"turboquant_3bit_nc", 50 + 52}};
   for (const auto& name : KVPresetNames()) {
     auto p = GetKVPreset(name);
     ASSERT_TRUE(p.ok());
     auto bytes = PresetBytesPerTokenHead(*p, 128);
     ASSERT_TRUE(bytes.ok()) << name << ": " << bytes.status().ToString();
     auto it = want.find(name);
-    if (it != want.end()) EXPECT_EQ(*bytes, it->second) << name;
+    ASSERT_NE(it, want.end()) << "preset " << name << " is missing from the table";
+    EXPECT_EQ(*bytes, it->second) << name;
     auto bits = PresetBitsPerValue(*p, 128);
     EXPECT_DOUBLE_EQ(*bits, *bytes * 8.0 / 256.0) << name;
   }
   EXPECT_FALSE(GetKVPreset("k4v4").ok());
+}
+
+TEST(KVPresetTest, LedgerEqualsAllocatedBytesForEveryPreset) {
+  GaussianStream g(21);
+  for (const auto& name : KVPresetNames()) {
+    KVCacheConfig cfg{.shape = {2, 2, 64}, .max_sequences = 2, .preset = name};
+    cfg.policy.recent_window = 8;
+    cfg.policy.compress_chunk = 4;
+    auto cache = KVCache::Create(cfg);
+    ASSERT_TRUE(cache.ok()) << name;
+    for (int step = 0; step < 5; ++step) {
+      std::vector<float> k(13 * 2 * 64), v(k.size());
+      for (size_t i = 0; i < k.size(); ++i) { k[i] = static_cast<float>(g.Next()); v[i] = static_cast<float>(g.Next()); }
+      ASSERT_TRUE(cache->Append(step % 2, step % 2, k, v).ok()) << name;
+      const KVLedger led = cache->Ledger();
+      ASSERT_EQ(led.total(), cache->AllocatedBytes()) << name;
+    }
+    EXPECT_GT(cache->Ledger().payload, 0u) << name;  // history exists by now
+    ASSERT_TRUE(cache->Free(1).ok());
+    EXPECT_EQ(cache->Ledger().total(), cache->AllocatedBytes()) << name;
+  }
 }
 
 TEST(KVPresetTest, AutoPolicyPicksTheBestThatFitsAndSaysWhy) {
