@@ -20,6 +20,16 @@ std::vector<float> Inputs(size_t dim) {
   return x;
 }
 
+// The codec of a benchmark's (dim, bits, prod?) arguments, or a skip.
+tq::Result<tq::Codec> CodecFor(benchmark::State& state) {
+  const size_t dim = static_cast<size_t>(state.range(0));
+  const int bits = static_cast<int>(state.range(1));
+  const auto kind = state.range(2) ? tq::CodecKind::kProd : tq::CodecKind::kMse;
+  auto codec = tq::Codec::Create({.dim = dim, .bits = bits, .kind = kind});
+  if (!codec.ok()) state.SkipWithError(codec.status().ToString().c_str());
+  return codec;
+}
+
 void BM_Memcpy(benchmark::State& state) {
   const size_t dim = static_cast<size_t>(state.range(0));
   auto x = Inputs(dim);
@@ -32,15 +42,9 @@ void BM_Memcpy(benchmark::State& state) {
 }
 
 void BM_Encode(benchmark::State& state) {
-  const size_t dim = static_cast<size_t>(state.range(0));
-  const int bits = static_cast<int>(state.range(1));
-  const auto kind = state.range(2) ? tq::CodecKind::kProd : tq::CodecKind::kMse;
-  auto codec = tq::Codec::Create({.dim = dim, .bits = bits, .kind = kind});
-  if (!codec.ok()) {
-    state.SkipWithError(codec.status().ToString().c_str());
-    return;
-  }
-  auto x = Inputs(dim);
+  auto codec = CodecFor(state);
+  if (!codec.ok()) return;
+  auto x = Inputs(codec->dim());
   std::vector<uint8_t> codes(kRows * codec->row_bytes());
   for (auto _ : state) {
     if (!codec->Encode(x, codes).ok()) state.SkipWithError("encode failed");
@@ -50,15 +54,9 @@ void BM_Encode(benchmark::State& state) {
 }
 
 void BM_Decode(benchmark::State& state) {
-  const size_t dim = static_cast<size_t>(state.range(0));
-  const int bits = static_cast<int>(state.range(1));
-  const auto kind = state.range(2) ? tq::CodecKind::kProd : tq::CodecKind::kMse;
-  auto codec = tq::Codec::Create({.dim = dim, .bits = bits, .kind = kind});
-  if (!codec.ok()) {
-    state.SkipWithError(codec.status().ToString().c_str());
-    return;
-  }
-  auto x = Inputs(dim);
+  auto codec = CodecFor(state);
+  if (!codec.ok()) return;
+  auto x = Inputs(codec->dim());
   std::vector<uint8_t> codes(kRows * codec->row_bytes());
   (void)codec->Encode(x, codes);
   for (auto _ : state) {

@@ -22,11 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void Fail(const Status& s) {
-  std::fprintf(stderr, "tq: error: %s\n", s.ToString().c_str());
-  std::exit(2);
-}
-
 // ---------------------------------------------------------------------------
 // Codec throughput: encode/decode GB/s of fp32 input next to memcpy of the
 // same bytes, best of `reps`, on 1 thread and on `threads` threads.
@@ -126,24 +121,6 @@ Status PlotDistortion(const std::string& path, const std::vector<DistortionRow>&
   return WriteSvgPlot(path, p);
 }
 
-std::vector<int> ParseBitsList(const std::string& s) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t comma = s.find(',', pos);
-    const std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    char* end = nullptr;
-    const long v = std::strtol(tok.c_str(), &end, 10);
-    if (tok.empty() || *end != '\0') {
-      Fail(InvalidArgumentError("--bits must be a comma-separated list of integers in 1..8, got '" + s + "'"));
-    }
-    out.push_back(static_cast<int>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 void RegisterDistortion(CLI::App& app) {
@@ -177,7 +154,7 @@ void RegisterDistortion(CLI::App& app) {
   cmd->callback([args] {
     DistortionOptions o;
     o.dim = args->dim;
-    o.bits = ParseBitsList(args->bits);
+    o.bits = ParseIntList(args->bits, "--bits", 1, 8);
     o.samples = args->samples;
     auto rot = ParseRotationKind(args->rotation);
     if (!rot.ok()) Fail(rot.status());

@@ -19,11 +19,6 @@
 namespace tq::tools {
 namespace {
 
-[[noreturn]] void Fail(const Status& s) {
-  std::fprintf(stderr, "tq: error: %s\n", s.ToString().c_str());
-  std::exit(2);
-}
-
 struct KvBytesRow {
   std::string preset;
   double bits_per_value = 0;

@@ -31,11 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-[[noreturn]] void Fail(const Status& s) {
-  std::fprintf(stderr, "tq: error: %s\n", s.ToString().c_str());
-  std::exit(2);
-}
-
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -301,24 +296,6 @@ json ToJson(const MethodResult& m) {
   return j;
 }
 
-std::vector<int> ParseInts(const std::string& s, const char* flag) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t comma = s.find(',', pos);
-    const std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    char* end = nullptr;
-    const long v = std::strtol(tok.c_str(), &end, 10);
-    if (tok.empty() || *end != '\0' || v < 1 || v > 8) {
-      Fail(InvalidArgumentError(std::string(flag) + " must be a comma-separated list of integers in 1..8, got '" + s + "'"));
-    }
-    out.push_back(static_cast<int>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 struct BenchArgs {
   std::string base, queries, gt;
   std::string bits = "2,4";
@@ -418,7 +395,7 @@ void RunBench(const BenchArgs& a) {
   if (a.index != "flat" && a.index != "ivf") {
     Fail(InvalidArgumentError("--index must be flat or ivf, got '" + a.index + "'"));
   }
-  const std::vector<int> bits = ParseInts(a.bits, "--bits");
+  const std::vector<int> bits = ParseIntList(a.bits, "--bits", 1, 8);
   const size_t threads = a.threads ? a.threads : HardwareThreads();
   auto rot = ParseRotationKind(a.rotation);
   if (!rot.ok()) Fail(rot.status());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -25,6 +26,30 @@ void Table::Print(std::FILE* out) const {
   for (size_t c = 0; c < w.size(); ++c) total += w[c] + (c ? 2 : 0);
   std::fprintf(out, "%s\n", std::string(total, '-').c_str());
   for (const auto& r : rows_) line(r);
+}
+
+void Fail(const Status& s) {
+  std::fprintf(stderr, "tq: error: %s\n", s.ToString().c_str());
+  std::exit(2);
+}
+
+std::vector<int> ParseIntList(const std::string& s, const char* flag, int lo, int hi) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = s.find(',', pos);
+    const std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0' || v < lo || v > hi) {
+      Fail(InvalidArgumentError(std::string(flag) + " must be a comma-separated list of integers in " +
+                                std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + s + "'"));
+    }
+    out.push_back(static_cast<int>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
 }
 
 std::string Fmt(double v, int significant) {

@@ -24,6 +24,12 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// Prints "tq: error: <status>" on stderr and exits with status 2.
+[[noreturn]] void Fail(const Status& s);
+
+// Parses "2,4,8" into integers in [lo, hi]; fails naming `flag` otherwise.
+std::vector<int> ParseIntList(const std::string& s, const char* flag, int lo, int hi);
+
 std::string Fmt(double v, int significant = 4);      // %.4g-style
 std::string FmtFixed(double v, int decimals = 3);    // %.3f-style
 

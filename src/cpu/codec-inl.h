@@ -124,25 +124,11 @@ inline void StorePartialLE(uint64_t v, uint8_t* p, size_t n) {
   if (n & 1) p[0] = static_cast<uint8_t>(v);
 }
 
-// As ref's StoreScale/LoadScale (kernels.cc): "finite" in the stored dtype.
-inline bool StoreScale(const CodecPlan& plan, float s, uint8_t* p) {
-  if (plan.scale_f16) {
-    const uint16_t h = FloatToHalf(s);
-    StoreLE16(h, p);
-    return (h & 0x7C00u) != 0x7C00u;
-  }
-  StoreFloatLE(s, p);
-  return std::isfinite(s);
-}
-inline float LoadScale(const CodecPlan& plan, const uint8_t* p) {
-  return plan.scale_f16 ? HalfToFloat(LoadLE16(p)) : LoadFloatLE(p);
-}
-
-// The reference quantizer: the number of boundaries with u >= b.
+// One definition of the scale rules and the quantization rule (ref/kernels.h).
+using ::tq::ref::LoadScale;
+using ::tq::ref::StoreScale;
 inline uint8_t QuantizeScalar(float u, const float* boundaries, size_t num_boundaries) {
-  unsigned idx = 0;
-  for (size_t k = 0; k < num_boundaries; ++k) idx += (u >= boundaries[k]) ? 1u : 0u;
-  return static_cast<uint8_t>(idx);
+  return ::tq::ref::QuantizeValue(u, boundaries, num_boundaries);
 }
 
 // Canonical sum of squares, scalar tail: continues the 16 logical

@@ -109,27 +109,6 @@ void RotateInverse(const CodecPlan& plan, const float* y, float* x) {
 
 namespace {
 
-// Stores a scale; returns false if it is not finite in the stored dtype.
-bool StoreScale(const CodecPlan& plan, float s, uint8_t* p) {
-  if (plan.scale_f16) {
-    const uint16_t h = FloatToHalf(s);
-    StoreLE16(h, p);
-    return (h & 0x7C00u) != 0x7C00u;
-  }
-  StoreFloatLE(s, p);
-  return std::isfinite(s);
-}
-
-float LoadScale(const CodecPlan& plan, const uint8_t* p) {
-  return plan.scale_f16 ? HalfToFloat(LoadLE16(p)) : LoadFloatLE(p);
-}
-
-uint8_t QuantizeValue(float u, const float* boundaries, size_t num_boundaries) {
-  unsigned idx = 0;
-  for (size_t k = 0; k < num_boundaries; ++k) idx += (u >= boundaries[k]) ? 1u : 0u;
-  return static_cast<uint8_t>(idx);
-}
-
 constexpr double kSqrtHalfPi = 1.2533141373155002512;  // sqrt(pi / 2)
 
 }  // namespace

@@ -8,13 +8,37 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <cmath>
+
 #include "core/plan.h"
+#include "tq/format.h"
 
 namespace tq::ref {
 
 // Bitstreams (format.h); no validation: values < 2^bits, out sized exactly.
 void PackBits(const uint8_t* values, size_t count, int bits, uint8_t* out);
 void UnpackBits(const uint8_t* in, size_t count, int bits, uint8_t* values);
+
+// Stores a row scale in the plan's dtype; false if it is not finite there
+// (such rows are rejected by the encoders).
+inline bool StoreScale(const CodecPlan& plan, float s, uint8_t* p) {
+  if (plan.scale_f16) {
+    const uint16_t h = FloatToHalf(s);
+    StoreLE16(h, p);
+    return (h & 0x7C00u) != 0x7C00u;
+  }
+  StoreFloatLE(s, p);
+  return std::isfinite(s);
+}
+inline float LoadScale(const CodecPlan& plan, const uint8_t* p) {
+  return plan.scale_f16 ? HalfToFloat(LoadLE16(p)) : LoadFloatLE(p);
+}
+// The quantization rule: the number of boundaries b with u >= b.
+inline uint8_t QuantizeValue(float u, const float* boundaries, size_t num_boundaries) {
+  unsigned idx = 0;
+  for (size_t k = 0; k < num_boundaries; ++k) idx += (u >= boundaries[k]) ? 1u : 0u;
+  return static_cast<uint8_t>(idx);
+}
 
 // Sum of squares in the canonical 16-lane order: acc[i % 16] += x[i] * x[i]
 // (fp32, multiply then add), then acc[l] += acc[l + 8], then + 4, + 2, + 1 for
