@@ -5,14 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common.h"
 #include "commands.h"
-#include "llama2c.h"
 #include "tq/kv_cache.h"
 #include "tq/random.h"
 
@@ -148,42 +146,6 @@ QualityRow Finish(const std::string& preset, size_t d, const double* acc) {
   return r;
 }
 
-// Synthetic KV with what breaks naive quantizers: a per-channel key bias,
-// three outlier channels at 8x, and queries aligned with earlier keys so that
-// attention is peaked.
-void SyntheticKV(size_t T, size_t kvh, size_t qh, size_t d, std::vector<float>* K, std::vector<float>* V,
-                 std::vector<float>* Q) {
-  GaussianStream g(0x5151);
-  std::vector<float> bias(kvh * d);
-  for (auto& b : bias) b = 1.5f * static_cast<float>(g.Next());
-  K->resize(T * kvh * d);
-  V->resize(T * kvh * d);
-  Q->resize(T * qh * d);
-  for (size_t t = 0; t < T; ++t) {
-    for (size_t h = 0; h < kvh; ++h) {
-      for (size_t j = 0; j < d; ++j) {
-        const float out = (j == 3 || j == d / 2 || j == d - 5) ? 8.0f : 1.0f;
-        (*K)[(t * kvh + h) * d + j] = static_cast<float>(g.Next()) * out + bias[h * d + j];
-        (*V)[(t * kvh + h) * d + j] = static_cast<float>(g.Next());
-      }
-    }
-  }
-  SplitMix64 pick(9);
-  for (size_t t = 0; t < T; ++t) {
-    const size_t src = pick.Next() % (t + 1);
-    for (size_t h = 0; h < qh; ++h) {
-      const size_t kh = h / (qh / kvh);
-      for (size_t j = 0; j < d; ++j) {
-        (*Q)[(t * qh + h) * d + j] = 0.6f * ((*K)[(src * kvh + kh) * d + j] - bias[kh * d + j]) +
-                                     static_cast<float>(g.Next());
-      }
-    }
-  }
-}
-
-const std::vector<std::string> kQualityPresets = {
-    "k8_v8", "k4_v4", "k4_v3", "k4_v2", "k3_v3", "k3_v2", "k2_v2", "kp4_v4", "kp3_v3",
-    "turboquant35", "turboquant25", "kivi4", "kivi2", "q8", "turboquant_4bit_nc", "turboquant_3bit_nc"};
 
 }  // namespace
 
@@ -257,38 +219,13 @@ void RegisterBenchKvQuality(CLI::App& bench) {
   cmd->add_flag("--json", a->json);
   cmd->callback([a] {
     nlohmann::json j;
-    struct Source {
-      std::string name;
-      size_t kvh, qh, d;
-      std::vector<std::vector<float>> K, V, Q;  // per layer
-    };
-    std::vector<Source> sources;
-    {
-      Source s{"synthetic (d=128, GQA 4, key bias + 3 outlier channels, 1024 tokens)", 2, 8, 128, {}, {}, {}};
-      s.K.resize(1);
-      s.V.resize(1);
-      s.Q.resize(1);
-      SyntheticKV(1024, 2, 8, 128, &s.K[0], &s.V[0], &s.Q[0]);
-      sources.push_back(std::move(s));
-    }
-    for (const auto& path : a->models) {
-      auto m = LoadLlama2c(path);
-      if (!m.ok()) Fail(m.status());
-      const size_t steps = std::min<size_t>(a->tokens, static_cast<size_t>(m->seq_len));
-      auto cap = RunAndCapture(*m, steps, 42);
-      if (!cap.ok()) Fail(cap.status());
-      Source s{std::filesystem::path(path).filename().string() + " (d=" + std::to_string(m->head_dim()) + ", " +
-                   std::to_string(m->layers) + " layers, " + std::to_string(steps) + " tokens)",
-               static_cast<size_t>(m->kv_heads), static_cast<size_t>(m->heads), static_cast<size_t>(m->head_dim()),
-               cap->k, cap->v, cap->q};
-      sources.push_back(std::move(s));
-    }
+    const std::vector<KVSource> sources = QualitySources(a->models, a->tokens);
     Progress progress("kv-quality (sources x presets)");
     size_t step = 0;
     for (const auto& src : sources) {
       std::vector<QualityRow> rows;
-      for (const auto& preset : kQualityPresets) {
-        progress.Update(step++, sources.size() * kQualityPresets.size());
+      for (const auto& preset : QualityPresets()) {
+        progress.Update(step++, sources.size() * QualityPresets().size());
         if (!PresetBytesPerTokenHead(*GetKVPreset(preset), src.d).ok()) continue;
         double acc[6] = {0, 0, 0, 0, 0, 0};
         for (size_t l = 0; l < src.K.size(); ++l) EvalLayer(preset, src.kvh, src.qh, src.d, src.K[l], src.V[l], src.Q[l], acc);

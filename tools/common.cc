@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "llama2c.h"
 
 namespace tq::tools {
 
@@ -185,6 +188,77 @@ Status WriteSvgPlot(const std::string& path, const PlotSpec& plot) {
   f << o.str();
   if (!f) return IoError("failed writing plot file '" + path + "'");
   return Status::Ok();
+}
+
+SyntheticKVStream::SyntheticKVStream(size_t kv_heads, size_t head_dim, uint64_t seed)
+    : kvh_(kv_heads), d_(head_dim), g_(seed), bias_(kv_heads * head_dim) {
+  for (auto& b : bias_) b = 1.5f * static_cast<float>(g_.Next());
+}
+
+void SyntheticKVStream::Next(size_t n, float* k, float* v) {
+  const size_t d = d_;
+  for (size_t t = 0; t < n; ++t) {
+    for (size_t h = 0; h < kvh_; ++h) {
+      for (size_t j = 0; j < d; ++j) {
+        const float out = (j == 3 || j == d / 2 || j == d - 5) ? 8.0f : 1.0f;
+        k[(t * kvh_ + h) * d + j] = static_cast<float>(g_.Next()) * out + bias_[h * d + j];
+        v[(t * kvh_ + h) * d + j] = static_cast<float>(g_.Next());
+      }
+    }
+  }
+}
+
+void SyntheticKV(size_t T, size_t kvh, size_t qh, size_t d, std::vector<float>* K,
+                 std::vector<float>* V, std::vector<float>* Q) {
+  SyntheticKVStream gen(kvh, d);
+  K->resize(T * kvh * d);
+  V->resize(T * kvh * d);
+  Q->resize(T * qh * d);
+  gen.Next(T, K->data(), V->data());
+  const std::vector<float>& bias = gen.bias();
+  SplitMix64 pick(9);
+  for (size_t t = 0; t < T; ++t) {
+    const size_t src = pick.Next() % (t + 1);
+    for (size_t h = 0; h < qh; ++h) {
+      const size_t kh = h / (qh / kvh);
+      for (size_t j = 0; j < d; ++j) {
+        (*Q)[(t * qh + h) * d + j] = 0.6f * ((*K)[(src * kvh + kh) * d + j] - bias[kh * d + j]) +
+                                     static_cast<float>(gen.Gaussian());
+      }
+    }
+  }
+}
+
+std::vector<KVSource> QualitySources(const std::vector<std::string>& models, size_t tokens) {
+  std::vector<KVSource> sources;
+  {
+    KVSource s{"synthetic (d=128, GQA 4, key bias + 3 outlier channels, 1024 tokens)", 2, 8, 128, {}, {}, {}};
+    s.K.resize(1);
+    s.V.resize(1);
+    s.Q.resize(1);
+    SyntheticKV(1024, 2, 8, 128, &s.K[0], &s.V[0], &s.Q[0]);
+    sources.push_back(std::move(s));
+  }
+  for (const auto& path : models) {
+    auto m = LoadLlama2c(path);
+    if (!m.ok()) Fail(m.status());
+    const size_t steps = std::min<size_t>(tokens, static_cast<size_t>(m->seq_len));
+    auto cap = RunAndCapture(*m, steps, 42);
+    if (!cap.ok()) Fail(cap.status());
+    KVSource s{std::filesystem::path(path).filename().string() + " (d=" + std::to_string(m->head_dim()) + ", " +
+                   std::to_string(m->layers) + " layers, " + std::to_string(steps) + " tokens)",
+               static_cast<size_t>(m->kv_heads), static_cast<size_t>(m->heads), static_cast<size_t>(m->head_dim()),
+               cap->k, cap->v, cap->q};
+    sources.push_back(std::move(s));
+  }
+  return sources;
+}
+
+const std::vector<std::string>& QualityPresets() {
+  static const std::vector<std::string> presets = {
+      "k8_v8", "k4_v4", "k4_v3", "k4_v2", "k3_v3", "k3_v2", "k2_v2", "kp4_v4", "kp3_v3",
+      "turboquant35", "turboquant25", "kivi4", "kivi2", "q8", "turboquant_4bit_nc", "turboquant_3bit_nc"};
+  return presets;
 }
 
 }  // namespace tq::tools

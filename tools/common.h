@@ -1,13 +1,15 @@
 // Shared helpers of the tq command-line tool: tables for people, progress on
-// stderr, SVG line plots.
+// stderr, SVG line plots, and the K/V sources of the quality benchmarks.
 #ifndef TQ_TOOLS_COMMON_H_
 #define TQ_TOOLS_COMMON_H_
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "tq/random.h"
 #include "tq/status.h"
 
 namespace tq::tools {
@@ -64,6 +66,49 @@ struct PlotSpec {
 // Writes an SVG line plot. Errors: a path not ending in .svg (lists what is
 // accepted), an empty plot, non-positive values on a log axis, I/O failure.
 Status WriteSvgPlot(const std::string& path, const PlotSpec& plot);
+
+// ---------------------------------------------------------------------------
+// K/V for quality and speed benchmarks (tq bench kv-quality, attention,
+// attention-quality).
+
+// Synthetic keys and values with what breaks naive quantizers: a per-(head,
+// channel) key bias 1.5 N(0,1), three outlier key channels (3, d/2, d-5) at
+// 8x, unit Gaussian values. Tokens come in order, so a long context can be
+// generated chunk by chunk with the same result as all at once.
+class SyntheticKVStream {
+ public:
+  SyntheticKVStream(size_t kv_heads, size_t head_dim, uint64_t seed = 0x5151);
+  // The next n tokens: K and V, each [n][kv_heads][head_dim].
+  void Next(size_t n, float* k, float* v);
+  const std::vector<float>& bias() const { return bias_; }  // [kv_heads][head_dim]
+  double Gaussian() { return g_.Next(); }
+
+ private:
+  size_t kvh_, d_;
+  GaussianStream g_;
+  std::vector<float> bias_;
+};
+
+// T synthetic tokens (K, V: [T][kvh][d]) and a query per token (Q:
+// [T][qh][d]): 0.6 x (an earlier key - its bias) + N(0,1), so that attention
+// is peaked.
+void SyntheticKV(size_t T, size_t kvh, size_t qh, size_t d, std::vector<float>* K,
+                 std::vector<float>* V, std::vector<float>* Q);
+
+// Q/K/V of one source, per layer: K, V [T][kvh][d], Q [T][qh][d].
+struct KVSource {
+  std::string name;
+  size_t kvh = 0, qh = 0, d = 0;
+  std::vector<std::vector<float>> K, V, Q;
+};
+
+// The synthetic source (d = 128, GQA 4, key bias + 3 outlier channels, 1024
+// tokens), then the real post-RoPE Q/K/V of each llama2.c model in `models`
+// (min(tokens, seq_len) tokens sampled from the model itself).
+std::vector<KVSource> QualitySources(const std::vector<std::string>& models, size_t tokens);
+
+// The presets the quality tables report, in their order.
+const std::vector<std::string>& QualityPresets();
 
 }  // namespace tq::tools
 
