@@ -12,6 +12,8 @@ void RegisterBenchCodec(CLI::App& bench);
 void RegisterBenchKv(CLI::App& bench);
 void RegisterBenchKvQuality(CLI::App& bench);
 void RegisterSearch(CLI::App& app);
+void RegisterBenchAttention(CLI::App& bench);
+void RegisterBenchAttentionQuality(CLI::App& bench);
 
 }  // namespace tq::tools
 

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   tq::tools::RegisterBenchCodec(*bench);
   tq::tools::RegisterBenchKv(*bench);
   tq::tools::RegisterBenchKvQuality(*bench);
+  tq::tools::RegisterBenchAttention(*bench);
+  tq::tools::RegisterBenchAttentionQuality(*bench);
   tq::tools::RegisterSearch(app);
   try {
     app.parse(argc, argv);

@@ -50,6 +50,7 @@ struct PagedComponentView {
 };
 
 struct PagedLayerView {
+  size_t num_blocks = 0;  // pages in the pool
   size_t block_size = 0;
   size_t num_kv_heads = 0;
   size_t head_dim = 0;

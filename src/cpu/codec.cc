@@ -9,6 +9,7 @@
 #include <hwy/highway.h>
 
 #include "cpu/codec-inl.h"
+#include "cpu/attention-inl.h"
 
 #if HWY_ONCE
 
@@ -22,6 +23,11 @@ HWY_EXPORT(EncodeRowsImpl);
 HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(ScoreRowsImpl);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(AttnRunImpl);
+
+void AttnRun(const attn::Task& task) { HWY_DYNAMIC_DISPATCH(AttnRunImpl)(task); }
+
+const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
 
 size_t EncodeRows(const CodecPlan& plan, const float* x, size_t rows, uint8_t* out) {
   return HWY_DYNAMIC_DISPATCH(EncodeRowsImpl)(plan, x, rows, out);

@@ -17,6 +17,14 @@ void DecodeRows(const CodecPlan& plan, const uint8_t* codes, size_t rows, float*
 void ScoreRows(const CodecPlan& plan, const float* q_rot, const float* q_sketch,
                const uint8_t* codes, size_t rows, float* scores);
 
+// Runs one attention work item (src/attention/internal.h) on the best target.
+}  // namespace tq::cpu
+namespace tq::attn { struct Task; }
+namespace tq::cpu {
+void AttnRun(const attn::Task& task);
+// Name of the attention kernel family the dispatcher picks now.
+const char* AttnKernelName();
+
 // Highway targets compiled into this build and supported by this CPU, best
 // first (hwy target bits). For tests that run every target.
 std::vector<int64_t> AvailableTargets();

@@ -120,8 +120,11 @@ Result<PagedKVCache> PagedKVCache::Create(const PagedKVCacheConfig& c) {
     for (auto [buf, row] : {std::pair{&lp.k_codes, lp.k_stride}, std::pair{&lp.k_meta, lp.k_meta_bytes},
                             std::pair{&lp.v_codes, lp.v_stride}, std::pair{&lp.v_meta, lp.v_meta_bytes}}) {
       buf->set_counter(&impl->allocated);
-      buf->Resize(rows * row, true);
-      if (rows * row) std::memset(buf->data(), 0, rows * row);
+      // Codes planes get a 16-byte zero tail so that vector loads of the last
+      // row may read a few bytes past it (attention's gather kernels).
+      const size_t tail = (buf == &lp.k_codes || buf == &lp.v_codes) && row > 0 ? 16 : 0;
+      buf->Resize(rows * row + tail, true);
+      if (rows * row + tail) std::memset(buf->data(), 0, rows * row + tail);
     }
   }
   impl->refcount.assign(c.num_blocks, 0);
@@ -304,6 +307,7 @@ Result<PagedLayerView> PagedKVCache::View(size_t layer) const {
   if (layer >= m.layers.size()) return OutOfRangeError("layer " + Str(layer) + " out of range");
   const LayerPlanes& lp = m.layers[layer];
   PagedLayerView v;
+  v.num_blocks = m.config.num_blocks;
   v.block_size = m.B();
   v.num_kv_heads = m.H();
   v.head_dim = m.D();

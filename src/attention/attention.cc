@@ -1,0 +1,772 @@
+// Attention driver: validates inputs, describes every (sequence, KV head) as
+// segments of dense or compressed rows, prepares the queries (scale, rotation
+// into each key codec's domain, QJL sketches, mean offsets), splits the work
+// into (sequence, KV head, query tile, token chunk) items run on the thread
+// pool by the per-target kernel (src/cpu/attention-inl.h), merges token chunks
+// with a log-sum-exp combine, and rotates TurboQuant value sums back once per
+// query row.
+#include "tq/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/internal.h"
+#include "core/plan.h"
+#include "core/thread_pool.h"
+#include "cpu/dispatch.h"
+#include "ref/kernels.h"
+#include "tq/codec.h"
+#include "tq/kv_format.h"
+
+namespace tq {
+namespace {
+
+using attn::Comp;
+using attn::Fmt;
+using attn::Row;
+using attn::Seg;
+using attn::Task;
+
+std::string Str(size_t v) { return std::to_string(v); }
+
+constexpr size_t kMaxRowsPerItem = 64;
+
+// One (sequence, KV head): its segments and compressed formats.
+struct HeadWork {
+  std::vector<Seg> segs;
+  const Comp* kc = nullptr;
+  const Comp* vc = nullptr;
+  size_t length = 0;
+};
+
+struct CompStore {
+  Comp comp;
+  const KVRowCodec* codec = nullptr;
+};
+
+Status BuildComp(const KVRowCodec* codec, const float* mean, bool is_value, Comp* out) {
+  const KVFormat& f = codec->format();
+  Comp c;
+  c.payload_bytes = codec->payload_bytes();
+  c.meta_bytes = codec->meta_bytes();
+  c.mean = mean;
+  switch (f.kind) {
+    case KVFormatKind::kDense16:
+      c.fmt = f.half == Half16::kF16 ? Fmt::kF16 : Fmt::kBF16;
+      break;
+    case KVFormatKind::kInt8Sym:
+      c.fmt = Fmt::kInt8;
+      c.group_size = f.group_size;
+      break;
+    case KVFormatKind::kIntAsym:
+      c.fmt = Fmt::kIntAsym;
+      c.bits = f.bits;
+      c.group_size = f.group_size;
+      break;
+    case KVFormatKind::kTurboMse:
+      c.fmt = Fmt::kMse;
+      c.num_groups = 1;
+      c.groups[0].plan = &codec->codec()->plan();
+      c.fast_mse = attn::FastMsePlan(*c.groups[0].plan);
+      break;
+    case KVFormatKind::kTurboProd:
+      if (is_value) {
+        return UnimplementedError(
+            "attention: TurboQuant-prod values (" + ToString(f) +
+            ") are not supported; value formats: f16, bf16, int8-sym, int-asym, tq-mse, split-mse");
+      }
+      c.fmt = Fmt::kProd;
+      c.num_groups = 1;
+      c.groups[0].plan = &codec->codec()->plan();
+      break;
+    case KVFormatKind::kTurboSplit: {
+      const SplitCodec* sp = codec->split();
+      if (is_value && sp->spec().kind != CodecKind::kMse) {
+        return UnimplementedError("attention: split values with prod codes (" + ToString(f) +
+                                  ") are not supported; split values must use mse codes");
+      }
+      c.fmt = Fmt::kSplit;
+      c.num_groups = 2;
+      c.groups[0].plan = &sp->regular().plan();
+      c.groups[0].row_offset = 0;
+      c.groups[0].rot_offset = 0;
+      c.groups[0].sketch_offset = 0;
+      c.groups[0].channels = sp->regular_channels().data();
+      c.groups[1].plan = &sp->outlier().plan();
+      c.groups[1].row_offset = sp->regular().row_bytes();
+      c.groups[1].rot_offset = sp->regular().dim();
+      c.groups[1].sketch_offset = sp->regular().plan().qjl_dim;
+      c.groups[1].channels = sp->spec().outlier_channels.data();
+      break;
+    }
+    default:
+      return InternalError("attention: unknown KV format " + ToString(f));
+  }
+  *out = c;
+  return Status::Ok();
+}
+
+// Query-side data of one row.
+struct RowPrep {
+  std::vector<float> q, qrot, qsk, qgs;
+  float koff = 0.0f;
+};
+
+void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPrep* p,
+                std::vector<float>* tmp) {
+  p->q.resize(d);
+  for (size_t j = 0; j < d; ++j) p->q[j] = q_in[j] * scale;
+  p->koff = 0.0f;
+  if (kc == nullptr) return;
+  if (kc->mean) {
+    double s = 0;
+    for (size_t j = 0; j < d; ++j) s += static_cast<double>(p->q[j]) * kc->mean[j];
+    p->koff = static_cast<float>(s);
+  }
+  if (kc->fmt == Fmt::kMse || kc->fmt == Fmt::kProd || kc->fmt == Fmt::kSplit) {
+    p->qrot.assign(d, 0.0f);
+    size_t sk = 0;
+    for (int g = 0; g < kc->num_groups; ++g) sk += kc->groups[g].plan->qjl_dim;
+    p->qsk.assign(sk, 0.0f);
+    for (int g = 0; g < kc->num_groups; ++g) {
+      const attn::Group& gr = kc->groups[g];
+      const CodecPlan& plan = *gr.plan;
+      const float* src = p->q.data();
+      if (gr.channels) {
+        tmp->resize(plan.dim);
+        for (size_t j = 0; j < plan.dim; ++j) (*tmp)[j] = p->q[gr.channels[j]];
+        src = tmp->data();
+      }
+      ref::PrepareQuery(plan, src, p->qrot.data() + gr.rot_offset,
+                        plan.qjl_dim ? p->qsk.data() + gr.sketch_offset : nullptr);
+    }
+    if (kc->fast_mse) {  // the fast key kernel reads the query permuted (AccumMseFast's layout)
+      const CodecPlan& plan = *kc->groups[0].plan;
+      tmp->assign(p->qrot.begin(), p->qrot.end());
+      for (size_t b = 0; b < plan.num_blocks; ++b) {
+        const BlockPlan& bp = plan.blocks[b];
+        const size_t groups = bp.size / 8;
+        for (size_t k = 0; k < 8; ++k) {
+          for (size_t i = 0; i < groups; ++i) p->qrot[bp.offset + k * groups + i] = (*tmp)[bp.offset + 8 * i + k];
+        }
+      }
+    }
+  }
+  if (kc->fmt == Fmt::kIntAsym) {
+    const size_t gs = kc->group_size;
+    p->qgs.assign(d / gs, 0.0f);
+    for (size_t j = 0; j < d; ++j) p->qgs[j / gs] += p->q[j];
+  }
+}
+
+// Adds the rotated value sum of a row, rotated back, into out.
+void FinishRotated(const Comp& vc, const float* accr, float* out, std::vector<float>* tmp) {
+  std::vector<float> natural;
+  if (vc.fast_mse) {  // undo the kernel's permutation (src/cpu/attention-inl.h, AccumMseFast)
+    const CodecPlan& plan = *vc.groups[0].plan;
+    natural.resize(plan.dim);
+    for (size_t b = 0; b < plan.num_blocks; ++b) {
+      const BlockPlan& bp = plan.blocks[b];
+      const size_t groups = bp.size / 8;
+      for (size_t k = 0; k < 8; ++k) {
+        for (size_t i = 0; i < groups; ++i) natural[bp.offset + 8 * i + k] = accr[bp.offset + k * groups + i];
+      }
+    }
+    accr = natural.data();
+  }
+  for (int g = 0; g < vc.num_groups; ++g) {
+    const attn::Group& gr = vc.groups[g];
+    const CodecPlan& plan = *gr.plan;
+    tmp->resize(plan.dim);
+    ref::RotateInverse(plan, accr + gr.rot_offset, tmp->data());
+    if (gr.channels) {
+      for (size_t j = 0; j < plan.dim; ++j) out[gr.channels[j]] += (*tmp)[j];
+    } else {
+      for (size_t j = 0; j < plan.dim; ++j) out[j] += (*tmp)[j];
+    }
+  }
+}
+
+// The whole problem: B sequences x H KV heads, G query heads per KV head,
+// nq queries per sequence at positions qpos0[b] + i.
+struct Problem {
+  size_t batch = 0, num_kv_heads = 0, group = 0, head_dim = 0, nq = 1;
+  Fmt dense_fmt = Fmt::kF16;
+  std::vector<HeadWork> heads;  // [b * H + h]
+  std::vector<size_t> qpos0;    // [b]
+  const float* q = nullptr;     // [b][nq][Hq][d]
+  float* out = nullptr;
+  bool prefill = false;
+};
+
+Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* report) {
+  const size_t B = pb.batch, H = pb.num_kv_heads, G = pb.group, d = pb.head_dim, nq = pb.nq;
+  const size_t Hq = H * G;
+  if (!(opt.scale >= 0.0f) || !std::isfinite(opt.scale)) {
+    return InvalidArgumentError("attention: scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got " +
+                                std::to_string(opt.scale));
+  }
+  if (!(opt.softcap >= 0.0f) || !std::isfinite(opt.softcap)) {
+    return InvalidArgumentError("attention: softcap must be finite and >= 0 (0 = off), got " +
+                                std::to_string(opt.softcap));
+  }
+  if (!(opt.sparse_v_threshold >= 0.0f) || !(opt.sparse_v_threshold < 1.0f)) {
+    return InvalidArgumentError("attention: sparse_v_threshold must be in [0, 1), got " +
+                                std::to_string(opt.sparse_v_threshold));
+  }
+  const float scale = opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const size_t threads = opt.threads == 0 ? HardwareThreads() : opt.threads;
+
+  // Work items.
+  struct Item {
+    size_t b, h, q0, nqt, t0, t1, chunk;
+  };
+  const size_t q_tile = std::max<size_t>(1, kMaxRowsPerItem / G);
+  std::vector<Item> items;
+  std::vector<size_t> first_item(B * H * ((nq + q_tile - 1) / q_tile) + 1, 0);
+  std::vector<size_t> nchunks_of;  // per (b, h, query tile)
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t h = 0; h < H; ++h) {
+      const HeadWork& hw = pb.heads[b * H + h];
+      for (size_t q0 = 0; q0 < nq; q0 += q_tile) {
+        const size_t nqt = std::min(q_tile, nq - q0);
+        const size_t hi = pb.qpos0[b] + q0 + nqt;  // keys beyond the last query are never visible
+        size_t lo = 0;
+        if (opt.window > 0 && pb.qpos0[b] + q0 + 1 > opt.window) lo = pb.qpos0[b] + q0 + 1 - opt.window;
+        const size_t span = hi - lo;
+        size_t chunk = opt.split_tokens;
+        if (chunk == 0) {
+          const size_t base = B * H * ((nq + q_tile - 1) / q_tile);
+          const size_t want = base >= 2 * threads ? 1 : (2 * threads + base - 1) / base;
+          chunk = std::max<size_t>(256, (span + want - 1) / want);
+        }
+        const size_t nc = std::max<size_t>(1, (span + chunk - 1) / chunk);
+        nchunks_of.push_back(nc);
+        for (size_t c = 0; c < nc; ++c) {
+          const size_t t0 = lo + c * chunk;
+          const size_t t1 = std::min(hi, t0 + chunk);
+          items.push_back({b, h, q0, nqt, t0, t1, c});
+        }
+        (void)hw;
+      }
+    }
+  }
+
+  // Row states: one per (item, query, query head in group).
+  std::vector<size_t> row_base(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i) row_base[i + 1] = row_base[i] + items[i].nqt * G;
+  const size_t total_rows = row_base.back();
+  std::vector<Row> rows(total_rows);
+  std::vector<float> accs(total_rows * 2 * d, 0.0f);
+  std::vector<RowPrep> preps(total_rows);
+  std::vector<uint8_t> status_bad(1, 0);
+
+  auto prep_item = [&](size_t i) {
+    const Item& it = items[i];
+    const HeadWork& hw = pb.heads[it.b * H + it.h];
+    std::vector<float> tmp;
+    for (size_t qi = 0; qi < it.nqt; ++qi) {
+      const size_t qidx = it.q0 + qi;
+      const size_t pos = pb.qpos0[it.b] + qidx;
+      for (size_t g = 0; g < G; ++g) {
+        const size_t r = row_base[i] + qi * G + g;
+        const size_t hq = it.h * G + g;
+        RowPrep& p = preps[r];
+        // Rows of later chunks reuse the first chunk's preparation.
+        if (it.chunk == 0) {
+          PrepareRow(pb.q + ((it.b * nq + qidx) * Hq + hq) * d, d, scale, hw.kc, &p, &tmp);
+        }
+        Row& row = rows[r];
+        row.lo = opt.window > 0 && pos + 1 > opt.window ? pos + 1 - opt.window : 0;
+        row.hi = pos + 1;
+        row.m = -std::numeric_limits<float>::infinity();
+        row.acc = accs.data() + r * 2 * d;
+        row.accr = row.acc + d;
+      }
+    }
+  };
+  // Prepare first chunks, then point later chunks at them.
+  ParallelFor(items.size(), threads, 1, [&](size_t a, size_t e) {
+    for (size_t i = a; i < e; ++i) prep_item(i);
+  });
+  for (size_t i = 0; i < items.size(); ++i) {
+    const size_t first = i - items[i].chunk;
+    for (size_t k = 0; k < items[i].nqt * G; ++k) {
+      const RowPrep& p = preps[row_base[first] + k];
+      Row& row = rows[row_base[i] + k];
+      row.q = p.q.data();
+      row.qrot = p.qrot.empty() ? nullptr : p.qrot.data();
+      row.qsk = p.qsk.empty() ? nullptr : p.qsk.data();
+      row.qgs = p.qgs.empty() ? nullptr : p.qgs.data();
+      row.koff = p.koff;
+    }
+  }
+
+  ParallelFor(items.size(), threads, 1, [&](size_t a, size_t e) {
+    for (size_t i = a; i < e; ++i) {
+      const Item& it = items[i];
+      const HeadWork& hw = pb.heads[it.b * H + it.h];
+      Task task;
+      task.d = d;
+      task.dense_fmt = pb.dense_fmt;
+      task.kc = hw.kc;
+      task.vc = hw.vc;
+      task.segs = hw.segs.data();
+      task.num_segs = hw.segs.size();
+      task.t0 = it.t0;
+      task.t1 = it.t1;
+      task.rows = rows.data() + row_base[i];
+      task.num_rows = it.nqt * G;
+      task.softcap = opt.softcap;
+      task.sparse_threshold = opt.sparse_v_threshold;
+      cpu::AttnRun(task);
+    }
+  });
+
+  // Merge chunks (log-sum-exp) and finish each row.
+  size_t scored = 0, accumulated = 0, skipped = 0;
+  for (const Row& r : rows) {
+    scored += r.scored;
+    accumulated += r.accumulated;
+    skipped += r.skipped;
+  }
+  std::vector<size_t> group_starts;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].chunk == 0) group_starts.push_back(i);
+  }
+  ParallelFor(group_starts.size(), threads, 1, [&](size_t a, size_t e) {
+    std::vector<float> tmp, acc(d), accr(d);
+    for (size_t gi = a; gi < e; ++gi) {
+      const size_t i0 = group_starts[gi];
+      const Item& it = items[i0];
+      size_t nc = 1;
+      while (i0 + nc < items.size() && items[i0 + nc].chunk == nc &&
+             items[i0 + nc].b == it.b && items[i0 + nc].h == it.h && items[i0 + nc].q0 == it.q0) {
+        ++nc;
+      }
+      const HeadWork& hw = pb.heads[it.b * H + it.h];
+      for (size_t k = 0; k < it.nqt * G; ++k) {
+        float M = -std::numeric_limits<float>::infinity();
+        for (size_t c = 0; c < nc; ++c) M = std::max(M, rows[row_base[i0 + c] + k].m);
+        double l = 0, lc = 0;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(accr.begin(), accr.end(), 0.0f);
+        for (size_t c = 0; c < nc; ++c) {
+          const Row& r = rows[row_base[i0 + c] + k];
+          if (r.m == -std::numeric_limits<float>::infinity()) continue;
+          const float f = std::exp(r.m - M);
+          l += static_cast<double>(r.l) * f;
+          lc += static_cast<double>(r.lc) * f;
+          for (size_t j = 0; j < d; ++j) {
+            acc[j] += f * r.acc[j];
+            accr[j] += f * r.accr[j];
+          }
+        }
+        const size_t qi = k / G, g = k % G;
+        const size_t qidx = it.q0 + qi;
+        float* o = pb.out + ((it.b * nq + qidx) * Hq + it.h * G + g) * d;
+        for (size_t j = 0; j < d; ++j) o[j] = acc[j];
+        if (hw.vc && (hw.vc->fmt == Fmt::kMse || hw.vc->fmt == Fmt::kSplit)) {
+          FinishRotated(*hw.vc, accr.data(), o, &tmp);
+        }
+        if (hw.vc && hw.vc->mean) {
+          for (size_t j = 0; j < d; ++j) o[j] += static_cast<float>(lc) * hw.vc->mean[j];
+        }
+        const float inv = l > 0 ? static_cast<float>(1.0 / l) : 0.0f;
+        for (size_t j = 0; j < d; ++j) o[j] *= inv;
+      }
+    }
+  });
+
+  if (report) {
+    report->scored = scored;
+    report->values_accumulated = accumulated;
+    report->values_skipped = skipped;
+    report->workspace_bytes = total_rows * (2 * d * sizeof(float) + sizeof(Row)) +
+                              std::min(threads, items.size()) * (kMaxRowsPerItem * 64 * sizeof(float));
+    report->kernel = cpu::AttnKernelName();
+  }
+  return Status::Ok();
+}
+
+Status CheckQ(std::span<const float> q, std::span<float> out, size_t rows, size_t hq, size_t d,
+              const char* what) {
+  const size_t need = rows * hq * d;
+  if (q.size() != need) {
+    return InvalidArgumentError(std::string(what) + ": q has " + Str(q.size()) + " floats, expected " +
+                                Str(rows) + " x " + Str(hq) + " heads x " + Str(d) + " = " + Str(need));
+  }
+  if (out.size() != need) {
+    return InvalidArgumentError(std::string(what) + ": out has " + Str(out.size()) +
+                                " floats, expected " + Str(need));
+  }
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (!std::isfinite(q[i])) {
+      return InvalidArgumentError(std::string(what) + ": q is not finite at index " + Str(i));
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckHeads(size_t num_q_heads, size_t num_kv_heads, const char* what) {
+  if (num_kv_heads == 0) return InvalidArgumentError(std::string(what) + ": no KV heads");
+  if (num_q_heads == 0 || num_q_heads % num_kv_heads != 0) {
+    return InvalidArgumentError(std::string(what) + ": num_q_heads " + Str(num_q_heads) +
+                                " must be a positive multiple of the " + Str(num_kv_heads) +
+                                " KV heads (GQA)");
+  }
+  return Status::Ok();
+}
+
+// Segments of one KVCache head.
+void KVHeadSegments(const KVLayerView& view, size_t h, const Comp* kc, const Comp* vc,
+                    HeadWork* hw) {
+  const KVHeadView& hv = view.heads[h];
+  const size_t d = view.head_dim;
+  size_t pos = 0;
+  auto dense = [&](const uint16_t* k, const uint16_t* v, size_t n) {
+    if (n == 0) return;
+    Seg s;
+    s.pos0 = pos;
+    s.count = n;
+    s.compressed = false;
+    s.k = reinterpret_cast<const uint8_t*>(k);
+    s.v = reinterpret_cast<const uint8_t*>(v);
+    s.k_stride = s.v_stride = 2 * d;
+    hw->segs.push_back(s);
+    pos += n;
+  };
+  dense(hv.sink_k, hv.sink_v, hv.num_sinks);
+  if (hv.num_compressed > 0) {
+    Seg s;
+    s.pos0 = pos;
+    s.count = hv.num_compressed;
+    s.compressed = true;
+    const size_t krb = kc->payload_bytes + kc->meta_bytes;
+    const size_t vrb = vc->payload_bytes + vc->meta_bytes;
+    s.k = hv.k_codes;
+    s.k_stride = krb;
+    s.km = hv.k_codes + kc->payload_bytes;
+    s.km_stride = krb;
+    s.v = hv.v_codes;
+    s.v_stride = vrb;
+    s.vm = hv.v_codes + vc->payload_bytes;
+    s.vm_stride = vrb;
+    hw->segs.push_back(s);
+    pos += hv.num_compressed;
+  }
+  dense(hv.recent_k[0], hv.recent_v[0], hv.recent_count[0]);
+  dense(hv.recent_k[1], hv.recent_v[1], hv.recent_count[1]);
+  hw->length = pos;
+}
+
+Status BuildKVHeads(const KVLayerView& view, size_t b, std::vector<std::unique_ptr<Comp>>* comps,
+                    Problem* pb) {
+  const size_t H = view.heads.size();
+  for (size_t h = 0; h < H; ++h) {
+    auto kc = std::make_unique<Comp>();
+    auto vc = std::make_unique<Comp>();
+    TQ_RETURN_IF_ERROR(BuildComp(view.key_codecs[h], view.heads[h].k_mean, false, kc.get()));
+    TQ_RETURN_IF_ERROR(BuildComp(view.value_codecs[h], view.heads[h].v_mean, true, vc.get()));
+    HeadWork& hw = pb->heads[b * H + h];
+    hw.kc = kc.get();
+    hw.vc = vc.get();
+    KVHeadSegments(view, h, kc.get(), vc.get(), &hw);
+    comps->push_back(std::move(kc));
+    comps->push_back(std::move(vc));
+  }
+  return Status::Ok();
+}
+
+Fmt DenseFmtOf(Half16 h) { return h == Half16::kF16 ? Fmt::kF16 : Fmt::kBF16; }
+
+}  // namespace
+
+Status DecodeAttention(std::span<const KVLayerView> views, size_t num_q_heads,
+                       std::span<const float> q, std::span<float> out,
+                       const AttentionOptions& options, AttentionReport* report) {
+  if (views.empty()) return InvalidArgumentError("DecodeAttention: no sequences (views is empty)");
+  const size_t H = views[0].heads.size();
+  const size_t d = views[0].head_dim;
+  TQ_RETURN_IF_ERROR(CheckHeads(num_q_heads, H, "DecodeAttention"));
+  if (d == 0) return InvalidArgumentError("DecodeAttention: head_dim is 0");
+  for (size_t b = 0; b < views.size(); ++b) {
+    const KVLayerView& v = views[b];
+    if (v.heads.size() != H || v.head_dim != d) {
+      return InvalidArgumentError("DecodeAttention: view " + Str(b) + " has " + Str(v.heads.size()) +
+                                  " KV heads of dim " + Str(v.head_dim) + ", view 0 has " + Str(H) +
+                                  " of dim " + Str(d));
+    }
+    if (v.key_codecs.size() != H || v.value_codecs.size() != H) {
+      return InvalidArgumentError("DecodeAttention: view " + Str(b) + " lacks codecs for its heads");
+    }
+    if (v.length() == 0) {
+      return InvalidArgumentError("DecodeAttention: sequence " + Str(b) +
+                                  " is empty (append the query's own key and value first)");
+    }
+    for (size_t h = 0; h < H; ++h) {
+      if (v.heads[h].length() != v.length()) {
+        return InvalidArgumentError("DecodeAttention: view " + Str(b) + " heads have different lengths");
+      }
+    }
+    if (v.dense_type != views[0].dense_type) {
+      return InvalidArgumentError("DecodeAttention: views differ in dense type");
+    }
+  }
+  TQ_RETURN_IF_ERROR(CheckQ(q, out, views.size(), num_q_heads, d, "DecodeAttention"));
+  Problem pb;
+  pb.batch = views.size();
+  pb.num_kv_heads = H;
+  pb.group = num_q_heads / H;
+  pb.head_dim = d;
+  pb.dense_fmt = DenseFmtOf(views[0].dense_type);
+  pb.heads.resize(pb.batch * H);
+  std::vector<std::unique_ptr<Comp>> comps;
+  for (size_t b = 0; b < views.size(); ++b) {
+    TQ_RETURN_IF_ERROR(BuildKVHeads(views[b], b, &comps, &pb));
+    pb.qpos0.push_back(views[b].length() - 1);
+  }
+  pb.q = q.data();
+  pb.out = out.data();
+  return Run(pb, options, report);
+}
+
+Status PrefillAttention(const KVLayerView& view, size_t num_q_heads, size_t query_start,
+                        std::span<const float> q, std::span<float> out,
+                        const AttentionOptions& options, AttentionReport* report) {
+  const size_t H = view.heads.size();
+  const size_t d = view.head_dim;
+  TQ_RETURN_IF_ERROR(CheckHeads(num_q_heads, H, "PrefillAttention"));
+  if (d == 0) return InvalidArgumentError("PrefillAttention: head_dim is 0");
+  if (view.key_codecs.size() != H || view.value_codecs.size() != H) {
+    return InvalidArgumentError("PrefillAttention: view lacks codecs for its heads");
+  }
+  const size_t per_query = num_q_heads * d;
+  if (q.size() % per_query != 0 || q.empty()) {
+    return InvalidArgumentError("PrefillAttention: q has " + Str(q.size()) +
+                                " floats, not a positive multiple of num_q_heads x head_dim = " +
+                                Str(per_query));
+  }
+  const size_t n = q.size() / per_query;
+  if (query_start + n > view.length()) {
+    return OutOfRangeError("PrefillAttention: queries at positions " + Str(query_start) + ".." +
+                           Str(query_start + n - 1) + " but the cache holds " + Str(view.length()) +
+                           " tokens (append the chunk's keys and values first)");
+  }
+  TQ_RETURN_IF_ERROR(CheckQ(q, out, n, num_q_heads, d, "PrefillAttention"));
+  Problem pb;
+  pb.batch = 1;
+  pb.num_kv_heads = H;
+  pb.group = num_q_heads / H;
+  pb.head_dim = d;
+  pb.nq = n;
+  pb.prefill = true;
+  pb.dense_fmt = DenseFmtOf(view.dense_type);
+  pb.heads.resize(H);
+  std::vector<std::unique_ptr<Comp>> comps;
+  TQ_RETURN_IF_ERROR(BuildKVHeads(view, 0, &comps, &pb));
+  pb.qpos0.push_back(query_start);
+  pb.q = q.data();
+  pb.out = out.data();
+  return Run(pb, options, report);
+}
+
+Status PagedDecodeAttention(const PagedLayerView& view, size_t num_q_heads,
+                            std::span<const int32_t> block_tables, size_t max_blocks_per_seq,
+                            std::span<const int32_t> seq_lens, std::span<const float> q,
+                            std::span<float> out, const AttentionOptions& options,
+                            AttentionReport* report) {
+  const size_t H = view.num_kv_heads, d = view.head_dim, bs = view.block_size;
+  TQ_RETURN_IF_ERROR(CheckHeads(num_q_heads, H, "PagedDecodeAttention"));
+  if (d == 0 || bs == 0) return InvalidArgumentError("PagedDecodeAttention: empty page geometry");
+  const size_t B = seq_lens.size();
+  if (B == 0) return InvalidArgumentError("PagedDecodeAttention: no sequences (seq_lens is empty)");
+  if (max_blocks_per_seq == 0 || block_tables.size() != B * max_blocks_per_seq) {
+    return InvalidArgumentError("PagedDecodeAttention: block_tables has " + Str(block_tables.size()) +
+                                " entries, expected batch " + Str(B) + " x max_blocks_per_seq " +
+                                Str(max_blocks_per_seq));
+  }
+  if (view.k.codecs.size() != H || view.v.codecs.size() != H) {
+    return InvalidArgumentError("PagedDecodeAttention: view lacks codecs for its heads");
+  }
+  // The pool size is not in the view; the largest page id any row of the
+  // planes can address is bounded by the caller's cache. Page ids must be >= 0.
+  TQ_RETURN_IF_ERROR(CheckQ(q, out, B, num_q_heads, d, "PagedDecodeAttention"));
+  Problem pb;
+  pb.batch = B;
+  pb.num_kv_heads = H;
+  pb.group = num_q_heads / H;
+  pb.head_dim = d;
+  pb.heads.resize(B * H);
+  std::vector<std::unique_ptr<Comp>> comps;
+  std::vector<const Comp*> kcs(H), vcs(H);
+  for (size_t h = 0; h < H; ++h) {
+    auto kc = std::make_unique<Comp>();
+    auto vc = std::make_unique<Comp>();
+    TQ_RETURN_IF_ERROR(BuildComp(view.k.codecs[h], view.k.mean ? view.k.mean + h * d : nullptr, false, kc.get()));
+    TQ_RETURN_IF_ERROR(BuildComp(view.v.codecs[h], view.v.mean ? view.v.mean + h * d : nullptr, true, vc.get()));
+    kcs[h] = kc.get();
+    vcs[h] = vc.get();
+    comps.push_back(std::move(kc));
+    comps.push_back(std::move(vc));
+  }
+  for (size_t b = 0; b < B; ++b) {
+    const int32_t len = seq_lens[b];
+    if (len <= 0) {
+      return InvalidArgumentError("PagedDecodeAttention: sequence " + Str(b) + " has length " +
+                                  std::to_string(len) + " (must be >= 1)");
+    }
+    const size_t pages = (static_cast<size_t>(len) + bs - 1) / bs;
+    if (pages > max_blocks_per_seq) {
+      return OutOfRangeError("PagedDecodeAttention: sequence " + Str(b) + " of " + std::to_string(len) +
+                             " tokens needs " + Str(pages) + " pages, its block table row holds " +
+                             Str(max_blocks_per_seq));
+    }
+    for (size_t p = 0; p < pages; ++p) {
+      const int32_t page = block_tables[b * max_blocks_per_seq + p];
+      if (page < 0 || (view.num_blocks > 0 && static_cast<size_t>(page) >= view.num_blocks)) {
+        return OutOfRangeError("PagedDecodeAttention: sequence " + Str(b) + " block " + Str(p) +
+                               " is page " + std::to_string(page) + ", pages are 0.." +
+                               Str(view.num_blocks - 1));
+      }
+    }
+    for (size_t h = 0; h < H; ++h) {
+      HeadWork& hw = pb.heads[b * H + h];
+      hw.kc = kcs[h];
+      hw.vc = vcs[h];
+      for (size_t p = 0; p < pages; ++p) {
+        const size_t page = static_cast<size_t>(block_tables[b * max_blocks_per_seq + p]);
+        const size_t row0 = (page * H + h) * bs;
+        Seg s;
+        s.pos0 = p * bs;
+        s.count = std::min(bs, static_cast<size_t>(len) - p * bs);
+        s.compressed = true;
+        s.k = view.k.codes + row0 * view.k.payload_stride;
+        s.k_stride = view.k.payload_stride;
+        s.km = view.k.meta ? view.k.meta + row0 * view.k.meta_bytes : nullptr;
+        s.km_stride = view.k.meta_bytes;
+        s.v = view.v.codes + row0 * view.v.payload_stride;
+        s.v_stride = view.v.payload_stride;
+        s.vm = view.v.meta ? view.v.meta + row0 * view.v.meta_bytes : nullptr;
+        s.vm_stride = view.v.meta_bytes;
+        hw.segs.push_back(s);
+      }
+      hw.length = static_cast<size_t>(len);
+    }
+    pb.qpos0.push_back(static_cast<size_t>(len) - 1);
+  }
+  pb.q = q.data();
+  pb.out = out.data();
+  return Run(pb, options, report);
+}
+
+namespace {
+
+Status BuildDense(const DenseKVView& kv, size_t b, Problem* pb, const char* what) {
+  if (kv.k == nullptr || kv.v == nullptr) {
+    return InvalidArgumentError(std::string(what) + ": sequence " + Str(b) + " has null K or V");
+  }
+  if (kv.tokens == 0) return InvalidArgumentError(std::string(what) + ": sequence " + Str(b) + " is empty");
+  if ((kv.token_stride != 0 && kv.token_stride < kv.head_dim) || (kv.head_stride != 0 && kv.head_stride < kv.head_dim)) {
+    return InvalidArgumentError(std::string(what) + ": sequence " + Str(b) + " strides (token " +
+                                Str(kv.token_stride) + ", head " + Str(kv.head_stride) +
+                                ") are smaller than head_dim " + Str(kv.head_dim));
+  }
+  const size_t H = kv.num_kv_heads, d = kv.head_dim;
+  const size_t elem = kv.dtype == DenseDtype::kF32 ? 4 : 2;
+  for (size_t h = 0; h < H; ++h) {
+    HeadWork& hw = pb->heads[b * H + h];
+    Seg s;
+    s.pos0 = 0;
+    s.count = kv.tokens;
+    const size_t ts = kv.token_stride ? kv.token_stride : H * d;
+    const size_t hs = kv.head_stride ? kv.head_stride : d;
+    s.k = static_cast<const uint8_t*>(kv.k) + h * hs * elem;
+    s.v = static_cast<const uint8_t*>(kv.v) + h * hs * elem;
+    s.k_stride = s.v_stride = ts * elem;
+    hw.segs.push_back(s);
+    hw.length = kv.tokens;
+  }
+  return Status::Ok();
+}
+
+Fmt DenseFmt(DenseDtype t) {
+  switch (t) {
+    case DenseDtype::kF32: return Fmt::kF32;
+    case DenseDtype::kBF16: return Fmt::kBF16;
+    default: return Fmt::kF16;
+  }
+}
+
+}  // namespace
+
+Status DenseDecodeAttention(std::span<const DenseKVView> seqs, size_t num_q_heads,
+                            std::span<const float> q, std::span<float> out,
+                            const AttentionOptions& options, AttentionReport* report) {
+  if (seqs.empty()) return InvalidArgumentError("DenseDecodeAttention: no sequences");
+  const size_t H = seqs[0].num_kv_heads, d = seqs[0].head_dim;
+  TQ_RETURN_IF_ERROR(CheckHeads(num_q_heads, H, "DenseDecodeAttention"));
+  if (d == 0) return InvalidArgumentError("DenseDecodeAttention: head_dim is 0");
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    if (seqs[b].num_kv_heads != H || seqs[b].head_dim != d || seqs[b].dtype != seqs[0].dtype) {
+      return InvalidArgumentError("DenseDecodeAttention: sequence " + Str(b) +
+                                  " differs from sequence 0 in KV heads, head_dim or dtype");
+    }
+  }
+  TQ_RETURN_IF_ERROR(CheckQ(q, out, seqs.size(), num_q_heads, d, "DenseDecodeAttention"));
+  Problem pb;
+  pb.batch = seqs.size();
+  pb.num_kv_heads = H;
+  pb.group = num_q_heads / H;
+  pb.head_dim = d;
+  pb.dense_fmt = DenseFmt(seqs[0].dtype);
+  pb.heads.resize(pb.batch * H);
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    TQ_RETURN_IF_ERROR(BuildDense(seqs[b], b, &pb, "DenseDecodeAttention"));
+    pb.qpos0.push_back(seqs[b].tokens - 1);
+  }
+  pb.q = q.data();
+  pb.out = out.data();
+  return Run(pb, options, report);
+}
+
+Status DensePrefillAttention(const DenseKVView& kv, size_t num_q_heads, size_t query_start,
+                             std::span<const float> q, std::span<float> out,
+                             const AttentionOptions& options, AttentionReport* report) {
+  const size_t H = kv.num_kv_heads, d = kv.head_dim;
+  TQ_RETURN_IF_ERROR(CheckHeads(num_q_heads, H, "DensePrefillAttention"));
+  if (d == 0) return InvalidArgumentError("DensePrefillAttention: head_dim is 0");
+  const size_t per_query = num_q_heads * d;
+  if (q.empty() || q.size() % per_query != 0) {
+    return InvalidArgumentError("DensePrefillAttention: q has " + Str(q.size()) +
+                                " floats, not a positive multiple of num_q_heads x head_dim = " +
+                                Str(per_query));
+  }
+  const size_t n = q.size() / per_query;
+  if (query_start + n > kv.tokens) {
+    return OutOfRangeError("DensePrefillAttention: queries at positions " + Str(query_start) + ".." +
+                           Str(query_start + n - 1) + " but K/V hold " + Str(kv.tokens) + " tokens");
+  }
+  TQ_RETURN_IF_ERROR(CheckQ(q, out, n, num_q_heads, d, "DensePrefillAttention"));
+  Problem pb;
+  pb.batch = 1;
+  pb.num_kv_heads = H;
+  pb.group = num_q_heads / H;
+  pb.head_dim = d;
+  pb.nq = n;
+  pb.prefill = true;
+  pb.dense_fmt = DenseFmt(kv.dtype);
+  pb.heads.resize(H);
+  TQ_RETURN_IF_ERROR(BuildDense(kv, 0, &pb, "DensePrefillAttention"));
+  pb.qpos0.push_back(query_start);
+  pb.q = q.data();
+  pb.out = out.data();
+  return Run(pb, options, report);
+}
+
+}  // namespace tq

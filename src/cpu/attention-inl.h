@@ -1,0 +1,802 @@
+// Per-target attention kernels (entry point: AttnRunImpl, dispatched from
+// cpu/codec.cc, which includes this file once per SIMD target after
+// cpu/codec-inl.h). One call runs one work item (attn::Task): a set of query
+// rows of one KV head against the positions [t0, t1) of its segments, with an
+// online softmax whose state lives in the rows.
+//
+// Keys are scored from their codes: TurboQuant indices are unpacked to bytes
+// (one row at a time, into a 1-row scratch), looked up in the block's
+// centroid table (one register on AVX-512 for <= 4 bits: TableLookupLanes),
+// and multiplied into the rotated queries of up to four rows at a time (GQA:
+// one lookup serves every query head of the group). TurboQuant values are
+// accumulated in the value codec's rotated domain (weight · scale ·
+// centroid); the driver rotates the sum back once per row. Integer formats
+// are decoded in registers. Results agree with the fp64 reference to float
+// rounding; they are not bit-pinned like the codec bytes.
+#if defined(TQ_SRC_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TQ_SRC_CPU_ATTENTION_INL_H_
+#undef TQ_SRC_CPU_ATTENTION_INL_H_
+#else
+#define TQ_SRC_CPU_ATTENTION_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "attention/internal.h"
+#include "ref/kernels.h"
+#include "tq/format.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tq::cpu::HWY_NAMESPACE {
+namespace attnk {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using attn::Fmt;
+
+using AF = hn::CappedTag<float, 16>;
+using AI = hn::RebindToSigned<AF>;
+using A8 = hn::Rebind<uint8_t, AF>;
+using AH = hn::Rebind<hwy::float16_t, AF>;
+using AB = hn::Rebind<hwy::bfloat16_t, AF>;
+using AV = hn::Vec<AF>;
+constexpr size_t kL = hn::MaxLanes(AF());
+
+constexpr size_t kTile = 64;   // tokens per tile
+constexpr size_t kGroup = 4;   // query rows sharing one key/value decode
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kMasked = -1e30f;  // masked logits (exp gives exactly 0)
+
+// Centroid table of one block.
+struct Lut {
+  const float* c = nullptr;
+  bool in_register = false;
+  HWY_ALIGN float tab[kL];
+};
+
+HWY_INLINE void InitLut(const float* centroids, int bits, Lut* t) {
+  t->c = centroids;
+  const size_t n = size_t{1} << bits;
+  t->in_register = (HWY_TARGET != HWY_SCALAR) && n <= kL;
+  for (size_t k = 0; k < kL; ++k) t->tab[k] = centroids[k < n ? k : n - 1];
+}
+
+// Centroids of kL consecutive indices (bytes).
+HWY_INLINE AV Lookup(const Lut& t, const AV& tab, const uint8_t* idx) {
+  const AF df;
+  const AI di;
+  const auto iv = hn::PromoteTo(di, hn::LoadU(A8(), idx));
+  if (t.in_register) return hn::TableLookupLanes(tab, hn::IndicesFromVec(df, iv));
+  return hn::GatherIndex(df, t.c, iv);
+}
+
+HWY_INLINE AV LoadDense(Fmt f, const uint8_t* p, size_t j) {
+  const AF df;
+  switch (f) {
+    case Fmt::kF16:
+      return hn::PromoteTo(df, hn::LoadU(AH(), reinterpret_cast<const hwy::float16_t*>(p) + j));
+    case Fmt::kBF16:
+      return hn::PromoteTo(df, hn::LoadU(AB(), reinterpret_cast<const hwy::bfloat16_t*>(p) + j));
+    default:
+      return hn::LoadU(df, reinterpret_cast<const float*>(p) + j);
+  }
+}
+
+HWY_INLINE float DenseScalar(Fmt f, const uint8_t* p, size_t j) {
+  switch (f) {
+    case Fmt::kF16: return HalfToFloat(LoadLE16(p + 2 * j));
+    case Fmt::kBF16: return BFloat16ToFloat(LoadLE16(p + 2 * j));
+    default: {
+      float x;
+      std::memcpy(&x, p + 4 * j, 4);
+      return x;
+    }
+  }
+}
+
+HWY_INLINE float Half(const uint8_t* p) { return HalfToFloat(LoadLE16(p)); }
+
+// Unpacked indices of one row (whole groups of 8 may be written past d).
+inline size_t IdxLen(size_t d) { return (d + 7) / 8 * 8 + 64; }
+HWY_INLINE void Unpack(const uint8_t* in, size_t d, int bits, uint8_t* idx, size_t nbytes) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)nbytes;
+  ref::UnpackBits(in, d, bits, idx);
+#else
+  UnpackIndices(in, d, bits, idx, nbytes);
+#endif
+}
+
+// Per-thread scratch.
+struct RowDecoder;
+struct AScratch {
+  std::vector<float> logits;  // [rows][kTile]
+  std::vector<uint8_t> tile;  // unpacked codes of a tile's rows
+  std::vector<float> bscales; // block scales of a tile's rows
+  std::vector<uint32_t> words;  // index words of a tile's rows (fast MSE values)
+  std::vector<float> wscale;    // weight x block scale (fast MSE values)
+  std::vector<RowDecoder> decs;
+  std::vector<uint8_t> pad;     // one row's indices, zero-padded
+  std::vector<uint8_t> idx;   // unpacked indices of one row (padded)
+  std::vector<uint8_t> row;   // one assembled codec row (prod keys in split planes)
+  std::vector<float> tmp;
+};
+inline AScratch& AttnScratch() {
+  static thread_local AScratch s;
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Scores.
+
+// Lane i of the result = sum of the lanes of v[i] (kL vectors).
+HWY_INLINE AV ReduceVectors(AV* v) {
+#if HWY_TARGET == HWY_SCALAR
+  return v[0];
+#else
+  const AF df;
+  for (size_t n = kL; n > 1; n /= 2) {
+    for (size_t i = 0; i < n / 2; ++i) {
+      v[i] = hn::Add(hn::ConcatEven(df, v[2 * i + 1], v[2 * i]),
+                     hn::ConcatOdd(df, v[2 * i + 1], v[2 * i]));
+    }
+  }
+  return v[0];
+#endif
+}
+
+struct KeyCtx {
+  const attn::Task* task;
+  const attn::Comp* kc;
+  Lut luts[2][kMaxBlocks];
+  bool fast_mse = false;  // MSE rows take the gather kernels (see attn::Comp::fast)
+};
+
+// One key row's chunk j..j+kL as floats (formats that decode per element).
+struct RowDecoder {
+  Fmt fmt;
+  size_t group_size = 0;
+  const uint8_t* p = nullptr;     // payload
+  const uint8_t* meta = nullptr;  // meta
+  const uint8_t* u = nullptr;     // unpacked int-asym codes / MSE indices
+  const CodecPlan* plan = nullptr;  // MSE
+  const Lut* luts = nullptr;        // MSE, per block
+  const float* bscale = nullptr;    // MSE: this row's block scales
+  HWY_INLINE size_t BlockOf(size_t j) const {
+    size_t b = 0;
+    while (b + 1 < plan->num_blocks && j >= plan->blocks[b + 1].offset) ++b;
+    return b;
+  }
+  HWY_INLINE AV Chunk(size_t j) const {
+    const AF df;
+    const AI di;
+    switch (fmt) {
+      case Fmt::kMse: {
+        const size_t b = BlockOf(j);
+        const Lut& lut = luts[b];
+        return hn::Mul(Lookup(lut, hn::Load(df, lut.tab), u + j), hn::Set(df, bscale[b]));
+      }
+      case Fmt::kInt8: {
+        const hn::Rebind<int8_t, AF> d8;
+        const AV x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p) + j)));
+        return hn::Mul(x, hn::Set(df, Half(meta + 2 * (j / group_size))));
+      }
+      case Fmt::kIntAsym: {
+        const AV x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(A8(), u + j)));
+        const size_t g = j / group_size;
+        return hn::MulAdd(x, hn::Set(df, Half(meta + 4 * g)), hn::Set(df, Half(meta + 4 * g + 2)));
+      }
+      default:
+        return LoadDense(fmt, p, j);
+    }
+  }
+  HWY_INLINE float Scalar(size_t j) const {
+    switch (fmt) {
+      case Fmt::kMse: {
+        const size_t b = BlockOf(j);
+        return luts[b].c[u[j]] * bscale[b];
+      }
+      case Fmt::kInt8:
+        return static_cast<float>(reinterpret_cast<const int8_t*>(p)[j]) * Half(meta + 2 * (j / group_size));
+      case Fmt::kIntAsym: {
+        const size_t g = j / group_size;
+        return static_cast<float>(u[j]) * Half(meta + 4 * g) + Half(meta + 4 * g + 2);
+      }
+      default:
+        return DenseScalar(fmt, p, j);
+    }
+  }
+};
+
+// Scores of rows against tokens [a, b) whose rows decode per element (dense,
+// int8, int-asym): one vector of partial sums per (row, token), reduced kL
+// tokens at a time.
+// Per-row decoding state shared by the per-element kernels.
+struct DecodeInfo {
+  Fmt fmt = Fmt::kF16;
+  size_t group_size = 0;
+  int bits = 0;              // int-asym
+  size_t payload_bytes = 0;  // int-asym
+  const CodecPlan* plan = nullptr;  // MSE
+  const Lut* luts = nullptr;        // MSE
+  // Every vector chunk lies inside one scale group / rotation block.
+  bool vec_ok = true;
+};
+
+HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
+  DecodeInfo in;
+  in.fmt = fmt;
+  if (c == nullptr) return in;
+  in.group_size = c->group_size;
+  in.bits = c->bits;
+  in.payload_bytes = c->payload_bytes;
+  if (fmt == Fmt::kInt8 || fmt == Fmt::kIntAsym) in.vec_ok = c->group_size % kL == 0;
+  if (fmt == Fmt::kMse) {
+    in.plan = c->groups[0].plan;
+    in.luts = luts;
+    for (size_t b = 0; b < in.plan->num_blocks; ++b) {
+      if (in.plan->blocks[b].size % kL != 0) in.vec_ok = false;
+    }
+  }
+  return in;
+}
+
+// Prepares a RowDecoder for row t (unpacking codes into scratch when needed).
+HWY_INLINE RowDecoder MakeDecoder(const DecodeInfo& in, const uint8_t* p, const uint8_t* meta,
+                                  size_t d, uint8_t* ubuf, float* bscale) {
+  RowDecoder dec{in.fmt, in.group_size, p, meta};
+  if (in.fmt == Fmt::kIntAsym) {
+    Unpack(p, d, in.bits, ubuf, in.payload_bytes);
+    dec.u = ubuf;
+  } else if (in.fmt == Fmt::kMse) {
+    Unpack(p, d, in.plan->mse_bits, ubuf, in.plan->index_bytes);
+    dec.u = ubuf;
+    dec.plan = in.plan;
+    dec.luts = in.luts;
+    for (size_t b = 0; b < in.plan->num_blocks; ++b) {
+      bscale[b] = ref::LoadScale(*in.plan, meta + b * in.plan->scale_bytes);
+    }
+    dec.bscale = bscale;
+  }
+  return dec;
+}
+
+template <size_t NR>
+HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
+                             size_t d, const float* const* q, const float* koff, float* const* lg,
+                             AScratch& scr) {
+  const AF df;
+  HWY_ALIGN AV parts[NR][kL];
+  const size_t vec_end = d / kL * kL;
+  const bool vec_ok = info.vec_ok;
+  float bscale[kMaxBlocks];
+  for (size_t t0 = a; t0 < b; t0 += kL) {
+    const size_t nt = std::min(kL, b - t0);
+    float tails[NR][kL] = {};
+    for (size_t tt = 0; tt < kL; ++tt) {
+      if (tt >= nt) {
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        continue;
+      }
+      const size_t t = t0 + tt;
+      const RowDecoder dec = MakeDecoder(info, s.k + t * s.k_stride,
+                                         s.km ? s.km + t * s.km_stride : nullptr, d,
+                                         scr.idx.data(), bscale);
+      AV acc[NR];
+      for (size_t r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+      size_t j = 0;
+      if (vec_ok) {
+        for (; j < vec_end; j += kL) {
+          const AV kv = dec.Chunk(j);
+          for (size_t r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q[r] + j), kv, acc[r]);
+        }
+      }
+      for (; j < d; ++j) {
+        const float x = dec.Scalar(j);
+        for (size_t r = 0; r < NR; ++r) tails[r][tt] += q[r][j] * x;
+      }
+      for (size_t r = 0; r < NR; ++r) parts[r][tt] = acc[r];
+    }
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_ALIGN float sums[kL];
+      hn::Store(ReduceVectors(parts[r]), df, sums);
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt] + tails[r][tt] + koff[r];
+    }
+  }
+}
+// Centroids of the indices in iv (int32 lanes).
+HWY_INLINE AV LookupIdx(const Lut& t, const AV& tab, hn::Vec<AI> iv) {
+  const AF df;
+  if (t.in_register) return hn::TableLookupLanes(tab, hn::IndicesFromVec(df, iv));
+  return hn::GatherIndex(df, t.c, iv);
+}
+
+using AU = hn::RebindToUnsigned<AF>;
+
+// Index words: the 8 indices of group g (coordinates 8g..8g+7 of a row) are
+// one little-endian word at byte g * bits. Words(p, g0) returns the words of
+// groups g0 .. g0 + kL - 1 from a zero-padded copy p of the row's indices.
+HWY_INLINE hn::Vec<AU> Words(const uint8_t* p, size_t g0, int bits) {
+  const AU du;
+  if (bits == 4) return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p + 4 * g0));
+  if (bits == 2) {
+    const hn::Rebind<uint16_t, AU> d16;
+    return hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p + 2 * g0)));
+  }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // 3 bits: four 16-byte loads at 12-byte steps, one byte shuffle per block.
+  const uint8_t* q = p + 3 * g0;
+  __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 12)), 1);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 24)), 2);
+  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 36)), 3);
+  const __m512i shuf = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
+  return hn::Vec<AU>{_mm512_shuffle_epi8(v, shuf)};
+#else
+  const AI di;
+  HWY_ALIGN int32_t offs[kL];
+  for (size_t i = 0; i < kL; ++i) offs[i] = static_cast<int32_t>(3 * (g0 + i));
+  return hn::GatherOffset(du, reinterpret_cast<const uint32_t*>(p), hn::Load(di, offs));
+#endif
+}
+
+// Copies a row's index bytes into a zero-padded buffer (so Words never reads
+// past the row).
+HWY_INLINE const uint8_t* PadRow(const uint8_t* row, size_t index_bytes, uint8_t* buf) {
+  std::memcpy(buf, row, index_bytes);
+  return buf;
+}
+
+// Fast MSE keys (bits 2..4, blocks of multiples of 8): for each row, the
+// words of kL groups are loaded at once; shifts select index k of every group
+// (coordinates 8i + k), the block's table gives the centroids, and the
+// permuted rotated query (position offset + k * groups + i, prepared by the
+// driver) multiplies them. Per-token partial sums are reduced kL tokens at a
+// time.
+template <size_t NR>
+HWY_INLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                             const float* const* qperm, const float* koff, float* const* lg,
+                             AScratch& scr) {
+  const AF df;
+  const AI di;
+  const AU du;
+  const CodecPlan& plan = *ctx.kc->groups[0].plan;
+  const int bits = plan.mse_bits;
+  const auto mask = hn::Set(du, (1u << bits) - 1u);
+  uint8_t* pad = scr.pad.data();
+  HWY_ALIGN AV parts[NR][kL];
+  for (size_t t0 = a; t0 < b; t0 += kL) {
+    const size_t nt = std::min(kL, b - t0);
+    for (size_t tt = 0; tt < kL; ++tt) {
+      if (tt >= nt) {
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        continue;
+      }
+      const size_t t = t0 + tt;
+      const uint8_t* p = PadRow(s.k + t * s.k_stride, plan.index_bytes, pad);
+      const uint8_t* meta = s.km + t * s.km_stride;
+      AV tot[NR];
+      for (size_t r = 0; r < NR; ++r) tot[r] = hn::Zero(df);
+      for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
+        const BlockPlan& bp = plan.blocks[bl];
+        const Lut& lut = ctx.luts[0][bl];
+        const AV tab = hn::Load(df, lut.tab);
+        const size_t groups = bp.size / 8;
+        AV acc[NR];
+        for (size_t r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+        for (size_t i0 = 0; i0 < groups; i0 += kL) {
+          const auto w = Words(p, bp.offset / 8 + i0, bits);
+          const auto lanes = hn::FirstN(df, std::min(kL, groups - i0));
+          HWY_UNROLL(8)
+          for (int k = 0; k < 8; ++k) {
+            const auto iv = hn::BitCast(di, hn::And(hn::ShiftRightSame(w, bits * k), mask));
+            const AV cv = LookupIdx(lut, tab, iv);
+            const size_t pos = bp.offset + static_cast<size_t>(k) * groups + i0;
+            for (size_t r = 0; r < NR; ++r) {
+              acc[r] = hn::MulAdd(hn::MaskedLoad(lanes, df, qperm[r] + pos), cv, acc[r]);
+            }
+          }
+        }
+        const AV scv = hn::Set(df, ref::LoadScale(plan, meta + bl * plan.scale_bytes));
+        for (size_t r = 0; r < NR; ++r) tot[r] = hn::MulAdd(acc[r], scv, tot[r]);
+      }
+      for (size_t r = 0; r < NR; ++r) parts[r][tt] = tot[r];
+    }
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_ALIGN float sums[kL];
+      hn::Store(ReduceVectors(parts[r]), df, sums);
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt] + koff[r];
+    }
+  }
+}
+
+// Scores of tokens [a, b) of segment s for rows rs[0..NR) into logits rows.
+template <size_t NR>
+HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                           attn::Row* const* rs, float* const* lg, AScratch& scr) {
+  const attn::Task& task = *ctx.task;
+  const size_t d = task.d;
+  float koff[NR];
+  const float* q[NR];
+  if (!s.compressed) {
+    for (size_t r = 0; r < NR; ++r) {
+      koff[r] = 0.0f;
+      q[r] = rs[r]->q;
+    }
+    ScoreDecoded<NR>(MakeInfo(task.dense_fmt, nullptr, nullptr), s, a, b, d, q, koff, lg, scr);
+    return;
+  }
+  const attn::Comp& kc = *ctx.kc;
+  for (size_t r = 0; r < NR; ++r) koff[r] = rs[r]->koff;
+  switch (kc.fmt) {
+    case Fmt::kMse:
+      for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->qrot;
+      if (kc.fast_mse) return ScoreMseFast<NR>(ctx, s, a, b, q, koff, lg, scr);
+      return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, ctx.luts[0]), s, a, b, d, q, koff, lg, scr);
+    case Fmt::kProd:
+    case Fmt::kSplit: {
+      float out[NR];
+      for (size_t t = a; t < b; ++t) {
+        const uint8_t* row = s.k + t * s.k_stride;
+        if (kc.meta_bytes > 0) {  // split planes: assemble the codec row
+          std::memcpy(scr.row.data(), row, kc.payload_bytes);
+          std::memcpy(scr.row.data() + kc.payload_bytes, s.km + t * s.km_stride, kc.meta_bytes);
+          row = scr.row.data();
+        }
+        for (size_t r = 0; r < NR; ++r) out[r] = koff[r];
+        for (int g = 0; g < kc.num_groups; ++g) {
+          const attn::Group& gr = kc.groups[g];
+          for (size_t r = 0; r < NR; ++r) {
+            float sc;
+            ScoreRowsImpl(*gr.plan, rs[r]->qrot + gr.rot_offset,
+                          rs[r]->qsk ? rs[r]->qsk + gr.sketch_offset : nullptr, row + gr.row_offset,
+                          1, &sc);
+            out[r] += sc;
+          }
+        }
+        for (size_t r = 0; r < NR; ++r) lg[r][t - a] = out[r];
+      }
+      return;
+    }
+    case Fmt::kIntAsym: {
+      // sum_j q_j (s u_j + z) per group: the decoder yields s u + z directly.
+      for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
+      return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, nullptr), s, a, b, d, q, koff, lg, scr);
+    }
+    default:
+      for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
+      return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, nullptr), s, a, b, d, q, koff, lg, scr);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Values: rows' accumulators += w[r][t] · v_t.
+
+// Formats decoded per element: accumulators stay in registers over the tile,
+// one vector chunk at a time.
+template <size_t NR>
+HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
+                             size_t d, attn::Row* const* rs, float* const* w, AScratch& scr) {
+  const AF df;
+  const size_t n = b - a;
+  const size_t stride = IdxLen(d);
+  // Unpacked codes of the tile's rows (int-asym, MSE) and block scales.
+  const bool unpack = info.fmt == Fmt::kIntAsym || info.fmt == Fmt::kMse;
+  if (unpack) scr.tile.resize(n * stride);
+  scr.bscales.resize(n * kMaxBlocks);
+  std::vector<RowDecoder>& decs = scr.decs;
+  decs.clear();
+  for (size_t t = a; t < b; ++t) {
+    decs.push_back(MakeDecoder(info, s.v + t * s.v_stride, s.vm ? s.vm + t * s.vm_stride : nullptr, d,
+                               unpack ? scr.tile.data() + (t - a) * stride : nullptr,
+                               scr.bscales.data() + (t - a) * kMaxBlocks));
+  }
+  size_t j = 0;
+  if (info.vec_ok) {
+    for (; j + kL <= d; j += kL) {
+      AV acc[NR];
+      for (size_t r = 0; r < NR; ++r) acc[r] = hn::LoadU(df, rs[r]->acc + j);
+      for (size_t t = 0; t < n; ++t) {
+        const AV vv = decs[t].Chunk(j);
+        for (size_t r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r][t]), vv, acc[r]);
+      }
+      for (size_t r = 0; r < NR; ++r) hn::StoreU(acc[r], df, rs[r]->acc + j);
+    }
+  }
+  for (; j < d; ++j) {
+    for (size_t t = 0; t < n; ++t) {
+      const float x = decs[t].Scalar(j);
+      for (size_t r = 0; r < NR; ++r) rs[r]->acc[j] += w[r][t] * x;
+    }
+  }
+}
+
+// Fast MSE values: accumulators in the rotated domain, permuted so that
+// position (block offset + k * groups + i) holds coordinate (offset + 8 i + k)
+// (the driver undoes the permutation once per row).
+template <size_t NR>
+HWY_INLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                             attn::Row* const* rs, float* const* w, AScratch& scr) {
+  const AF df;
+  const AI di;
+  const AU du;
+  const CodecPlan& plan = *vctx.kc->groups[0].plan;
+  const int bits = plan.mse_bits;
+  const auto mask = hn::Set(du, (1u << bits) - 1u);
+  const size_t n = b - a;
+  const size_t groups_total = plan.dim / 8;
+  // Rows padded so that a full vector load at any block's first group stays inside.
+  const size_t wstride = (groups_total + kL - 1) / kL * kL + kL;
+  scr.words.resize(n * wstride);
+  scr.wscale.resize(NR * plan.num_blocks * n);
+  uint8_t* pad = scr.pad.data();
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t* p = PadRow(s.v + (a + t) * s.v_stride, plan.index_bytes, pad);
+    for (size_t g0 = 0; g0 < groups_total; g0 += kL) {
+      hn::StoreU(Words(p, g0, bits), du, scr.words.data() + t * wstride + g0);
+    }
+    const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
+    for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
+      const float sc = ref::LoadScale(plan, meta + bl * plan.scale_bytes);
+      for (size_t r = 0; r < NR; ++r) scr.wscale[(r * plan.num_blocks + bl) * n + t] = w[r][t] * sc;
+    }
+  }
+  for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
+    const BlockPlan& bp = plan.blocks[bl];
+    const Lut& lut = vctx.luts[0][bl];
+    const AV tab = hn::Load(df, lut.tab);
+    const size_t groups = bp.size / 8;
+    const size_t g_base = bp.offset / 8;
+    for (size_t i0 = 0; i0 < groups; i0 += kL) {
+      const size_t nl = std::min(kL, groups - i0);
+      const auto lanes = hn::FirstN(df, nl);
+      for (int k = 0; k < 8; ++k) {
+        const size_t pos = bp.offset + static_cast<size_t>(k) * groups + i0;
+        AV acc[NR];
+        for (size_t r = 0; r < NR; ++r) acc[r] = hn::MaskedLoad(lanes, df, rs[r]->accr + pos);
+        const uint32_t* wp = scr.words.data() + g_base + i0;
+        const float* ws[NR];
+        for (size_t r = 0; r < NR; ++r) ws[r] = scr.wscale.data() + (r * plan.num_blocks + bl) * n;
+        for (size_t t = 0; t < n; ++t) {
+          const auto wv = hn::LoadU(du, wp + t * wstride);
+          const auto iv = hn::BitCast(di, hn::And(hn::ShiftRightSame(wv, bits * k), mask));
+          const AV cv = LookupIdx(lut, tab, iv);
+          for (size_t r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::Set(df, ws[r][t]), cv, acc[r]);
+        }
+        for (size_t r = 0; r < NR; ++r) hn::BlendedStore(acc[r], lanes, df, rs[r]->accr + pos);
+      }
+    }
+  }
+}
+
+template <size_t NR>
+HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                           attn::Row* const* rs, float* const* w, AScratch& scr) {
+  const attn::Task& task = *vctx.task;
+  const size_t d = task.d;
+  const size_t n = b - a;
+  if (!s.compressed) {
+    return AccumDecoded<NR>(MakeInfo(task.dense_fmt, nullptr, nullptr), s, a, b, d, rs, w, scr);
+  }
+  const attn::Comp& vc = *vctx.kc;
+  for (size_t r = 0; r < NR; ++r) {
+    float sum = 0.0f;
+    for (size_t t = 0; t < n; ++t) sum += w[r][t];
+    rs[r]->lc += sum;
+  }
+  switch (vc.fmt) {
+    case Fmt::kMse:
+      if (vc.fast_mse) return AccumMseFast<NR>(vctx, s, a, b, rs, w, scr);
+      break;  // below: rotated domain, one row at a time
+    case Fmt::kSplit:
+      break;
+    case Fmt::kF16:
+    case Fmt::kBF16:
+    case Fmt::kInt8:
+    case Fmt::kIntAsym:
+      return AccumDecoded<NR>(MakeInfo(vc.fmt, &vc, nullptr), s, a, b, d, rs, w, scr);
+    default:
+      return;
+  }
+  // Generic TurboQuant values (any bits/blocks, split groups): rotated domain.
+  const AF df;
+  for (size_t t = a; t < b; ++t) {
+    float wt[NR];
+    bool any = false;
+    for (size_t r = 0; r < NR; ++r) {
+      wt[r] = w[r][t - a];
+      any |= wt[r] != 0.0f;
+    }
+    if (!any) continue;
+    const uint8_t* prow = s.v + t * s.v_stride;
+    for (int g = 0; g < vc.num_groups; ++g) {
+      const attn::Group& gr = vc.groups[g];
+      const CodecPlan& plan = *gr.plan;
+      const uint8_t* row = prow + gr.row_offset;
+      const uint8_t* scales = vc.fmt == Fmt::kMse ? s.vm + t * s.vm_stride : row + plan.scale_offset;
+      uint8_t* idx = scr.idx.data();
+      Unpack(row, plan.dim, plan.mse_bits, idx, plan.index_bytes);
+      for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
+        const BlockPlan& bp = plan.blocks[bl];
+        const Lut& lut = vctx.luts[g][bl];
+        const AV tab = hn::Load(df, lut.tab);
+        const float scale = ref::LoadScale(plan, scales + bl * plan.scale_bytes);
+        AV wv[NR];
+        for (size_t r = 0; r < NR; ++r) wv[r] = hn::Set(df, wt[r] * scale);
+        const size_t base = gr.rot_offset + bp.offset;
+        size_t j = 0;
+        for (; j + kL <= bp.size; j += kL) {
+          const AV cv = Lookup(lut, tab, idx + bp.offset + j);
+          for (size_t r = 0; r < NR; ++r) {
+            float* acc = rs[r]->accr + base + j;
+            hn::StoreU(hn::MulAdd(wv[r], cv, hn::LoadU(df, acc)), df, acc);
+          }
+        }
+        for (; j < bp.size; ++j) {
+          const float c = lut.c[idx[bp.offset + j]] * scale;
+          for (size_t r = 0; r < NR; ++r) rs[r]->accr[base + j] += wt[r] * c;
+        }
+      }
+    }
+  }
+}
+
+template <size_t NR>
+HWY_INLINE void ScoreN(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                       attn::Row* const* rs, float* const* lg, AScratch& scr, size_t n) {
+  if constexpr (NR == 0) {
+    (void)ctx; (void)s; (void)a; (void)b; (void)rs; (void)lg; (void)scr; (void)n;
+  } else {
+    if (n == NR) return ScoreGroup<NR>(ctx, s, a, b, rs, lg, scr);
+    return ScoreN<NR - 1>(ctx, s, a, b, rs, lg, scr, n);
+  }
+}
+template <size_t NR>
+HWY_INLINE void AccumN(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                       attn::Row* const* rs, float* const* w, AScratch& scr, size_t n) {
+  if constexpr (NR == 0) {
+    (void)ctx; (void)s; (void)a; (void)b; (void)rs; (void)w; (void)scr; (void)n;
+  } else {
+    if (n == NR) return AccumGroup<NR>(ctx, s, a, b, rs, w, scr);
+    return AccumN<NR - 1>(ctx, s, a, b, rs, w, scr, n);
+  }
+}
+
+HWY_INLINE void InitCtx(const attn::Task& task, const attn::Comp* c, KeyCtx* ctx) {
+  ctx->task = &task;
+  ctx->kc = c;
+  if (c == nullptr) return;
+  for (int g = 0; g < c->num_groups; ++g) {
+    const CodecPlan& plan = *c->groups[g].plan;
+    if (plan.mse_bits == 0) continue;
+    for (size_t b = 0; b < plan.num_blocks; ++b) {
+      InitLut(plan.blocks[b].centroids, plan.mse_bits, &ctx->luts[g][b]);
+    }
+  }
+}
+
+}  // namespace attnk
+
+HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
+  using namespace attnk;  // NOLINT
+  const AF df;
+  AScratch& scr = AttnScratch();
+  const size_t d = task.d;
+  scr.logits.resize(task.num_rows * kTile);
+  scr.idx.resize(IdxLen(d) + 64);
+  size_t row_bytes = 0;
+  if (task.kc) row_bytes = std::max(row_bytes, task.kc->payload_bytes + task.kc->meta_bytes);
+  if (task.vc) row_bytes = std::max(row_bytes, task.vc->payload_bytes + task.vc->meta_bytes);
+  scr.row.resize(row_bytes + 64);
+  if (scr.pad.size() < row_bytes + 128) scr.pad.assign(row_bytes + 128, 0);
+  KeyCtx kctx, vctx;
+  InitCtx(task, task.kc, &kctx);
+  InitCtx(task, task.vc, &vctx);
+
+  for (size_t si = 0; si < task.num_segs; ++si) {
+    const attn::Seg& s = task.segs[si];
+    const size_t seg_a = std::max(s.pos0, task.t0);
+    const size_t seg_b = std::min(s.pos0 + s.count, task.t1);
+    for (size_t pa = seg_a; pa < seg_b; pa += kTile) {
+      const size_t pb = std::min(pa + kTile, seg_b);
+      const size_t n = pb - pa;
+      // Rows that see any position of this tile.
+      attn::Row* act[256];
+      float* lg[256];
+      size_t nact = 0;
+      for (size_t r = 0; r < task.num_rows; ++r) {
+        attn::Row& row = task.rows[r];
+        if (row.lo < pb && row.hi > pa) {
+          act[nact] = &row;
+          lg[nact] = scr.logits.data() + nact * kTile;
+          ++nact;
+          if (nact == 256) break;
+        }
+      }
+      if (nact == 0) continue;
+      for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+        const size_t nr = std::min(kGroup, nact - g0);
+        ScoreN<kGroup>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+      }
+      // Mask, soft-cap, online softmax.
+      for (size_t r = 0; r < nact; ++r) {
+        attn::Row& row = *act[r];
+        float* x = lg[r];
+        if (task.softcap > 0.0f) {
+          const AV cap = hn::Set(df, task.softcap);
+          const AV inv = hn::Set(df, 1.0f / task.softcap);
+          size_t t = 0;
+          for (; t + kL <= n; t += kL) {
+            hn::StoreU(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::LoadU(df, x + t), inv))), df, x + t);
+          }
+          for (; t < n; ++t) x[t] = task.softcap * std::tanh(x[t] / task.softcap);
+        }
+        size_t vis_a = row.lo > pa ? row.lo - pa : 0;
+        size_t vis_b = std::min(row.hi, pb) - pa;
+        for (size_t t = 0; t < vis_a; ++t) x[t] = kMasked;
+        for (size_t t = vis_b; t < n; ++t) x[t] = kMasked;
+        float mx = row.m;
+        for (size_t t = vis_a; t < vis_b; ++t) mx = std::max(mx, x[t]);
+        row.scored += vis_b - vis_a;
+        if (mx > row.m) {
+          const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
+          row.l *= corr;
+          row.lc *= corr;
+          if (corr != 1.0f) {
+            const AV cv = hn::Set(df, corr);
+            for (float* acc : {row.acc, row.accr}) {
+              size_t j = 0;
+              for (; j + kL <= d; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, acc + j)), df, acc + j);
+              for (; j < d; ++j) acc[j] *= corr;
+            }
+          }
+          row.m = mx;
+        }
+        const AV mv = hn::Set(df, mx);
+        float sum = 0.0f;
+        size_t t = 0;
+        AV sv = hn::Zero(df);
+        for (; t + kL <= n; t += kL) {
+          const AV e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + t), mv));
+          sv = hn::Add(sv, e);
+          hn::StoreU(e, df, x + t);
+        }
+        sum = hn::GetLane(hn::SumOfLanes(df, sv));
+        for (; t < n; ++t) {
+          x[t] = std::exp(x[t] - mx);
+          sum += x[t];
+        }
+        row.l += sum;
+        for (size_t tt = 0; tt < vis_a; ++tt) x[tt] = 0.0f;
+        for (size_t tt = vis_b; tt < n; ++tt) x[tt] = 0.0f;
+        size_t acc_n = vis_b - vis_a;
+        if (task.sparse_threshold > 0.0f) {
+          for (size_t tt = vis_a; tt < vis_b; ++tt) {
+            if (x[tt] < task.sparse_threshold) {
+              x[tt] = 0.0f;
+              ++row.skipped;
+              --acc_n;
+            }
+          }
+        }
+        row.accumulated += acc_n;
+      }
+      for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+        const size_t nr = std::min(kGroup, nact - g0);
+        AccumN<kGroup>(vctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+      }
+    }
+  }
+}
+
+}  // namespace tq::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard
