@@ -11,9 +11,10 @@ void RegisterDistortion(CLI::App& app);
 void RegisterBenchCodec(CLI::App& bench);
 void RegisterBenchKv(CLI::App& bench);
 void RegisterBenchKvQuality(CLI::App& bench);
-void RegisterSearch(CLI::App& app);
 void RegisterBenchAttention(CLI::App& bench);
 void RegisterBenchAttentionQuality(CLI::App& bench);
+void RegisterSearch(CLI::App& app);
+void RegisterEval(CLI::App& app);
 
 }  // namespace tq::tools
 

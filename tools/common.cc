@@ -7,7 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "llama2c.h"
+#include "tq/model.h"
+#include "tq/random.h"
 
 namespace tq::tools {
 
@@ -240,15 +241,39 @@ std::vector<KVSource> QualitySources(const std::vector<std::string>& models, siz
     sources.push_back(std::move(s));
   }
   for (const auto& path : models) {
-    auto m = LoadLlama2c(path);
+    auto m = Model::Load(path);
     if (!m.ok()) Fail(m.status());
-    const size_t steps = std::min<size_t>(tokens, static_cast<size_t>(m->seq_len));
-    auto cap = RunAndCapture(*m, steps, 42);
-    if (!cap.ok()) Fail(cap.status());
-    KVSource s{std::filesystem::path(path).filename().string() + " (d=" + std::to_string(m->head_dim()) + ", " +
-                   std::to_string(m->layers) + " layers, " + std::to_string(steps) + " tokens)",
-               static_cast<size_t>(m->kv_heads), static_cast<size_t>(m->heads), static_cast<size_t>(m->head_dim()),
-               cap->k, cap->v, cap->q};
+    const ModelConfig& c = m->config();
+    const size_t steps = std::min<size_t>(tokens, c.max_seq_len);
+    KVSource s{std::filesystem::path(path).filename().string() + " (d=" + std::to_string(c.head_dim) + ", " +
+                   std::to_string(c.num_layers) + " layers, " + std::to_string(steps) + " tokens)",
+               c.num_kv_heads, c.num_heads, c.head_dim, {}, {}, {}};
+    s.K.resize(c.num_layers);
+    s.V.resize(c.num_layers);
+    s.Q.resize(c.num_layers);
+    // The library runner (dense fp32 K/V) captures every layer's post-RoPE
+    // Q/K/V; tokens start at BOS and each next one is sampled from the
+    // model's softmax (temperature 1, SplitMix64(42)).
+    RunnerOptions o;
+    o.mode = KVMode::kDenseF32;
+    o.max_context = steps;
+    o.on_qkv = [&s](size_t layer, size_t, size_t, std::span<const float> q, std::span<const float> k,
+                    std::span<const float> v) {
+      s.Q[layer].insert(s.Q[layer].end(), q.begin(), q.end());
+      s.K[layer].insert(s.K[layer].end(), k.begin(), k.end());
+      s.V[layer].insert(s.V[layer].end(), v.begin(), v.end());
+    };
+    auto runner = Runner::Create(*m, o);
+    if (!runner.ok()) Fail(runner.status());
+    SplitMix64 rng(42);
+    std::vector<float> logits(c.vocab_size);
+    int32_t token = c.bos_token;
+    for (size_t pos = 0; pos < steps; ++pos) {
+      if (Status st = runner->Forward(std::span<const int32_t>(&token, 1), logits); !st.ok()) Fail(st);
+      auto next = SampleFromLogits(logits, 1.0, rng.NextDouble());
+      if (!next.ok()) Fail(next.status());
+      token = *next;
+    }
     sources.push_back(std::move(s));
   }
   return sources;

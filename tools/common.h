@@ -103,8 +103,9 @@ struct KVSource {
 };
 
 // The synthetic source (d = 128, GQA 4, key bias + 3 outlier channels, 1024
-// tokens), then the real post-RoPE Q/K/V of each llama2.c model in `models`
-// (min(tokens, seq_len) tokens sampled from the model itself).
+// tokens), then the real post-RoPE Q/K/V of each model in `models` (llama2.c
+// checkpoint or HF directory; min(tokens, max_seq_len) tokens sampled from
+// the model itself by the library runner, tq::Runner).
 std::vector<KVSource> QualitySources(const std::vector<std::string>& models, size_t tokens);
 
 // The presets the quality tables report, in their order.

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   tq::tools::RegisterBenchAttention(*bench);
   tq::tools::RegisterBenchAttentionQuality(*bench);
   tq::tools::RegisterSearch(app);
+  tq::tools::RegisterEval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
