@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "commands.h"
+#include "eval.h"
 #include "core/thread_pool.h"
 #include "tq/codec.h"
 #include "tq/kv_format.h"
@@ -271,10 +272,13 @@ void RegisterBenchCodec(CLI::App& bench) {
 void RegisterDemo(CLI::App& app) {
   struct Args {
     size_t samples = 20000;
+    std::string model;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("demo", "built-in showcase: distortion vs the paper's bounds, bytes, throughput");
   cmd->add_option("--samples", args->samples, "vectors per bit width")->capture_default_str();
+  cmd->add_option("--model", args->model,
+                  "model for the model section (default: ../shared/data/stories260K.bin when present)");
   cmd->callback([args] {
     const size_t dim = 128;
     std::printf("turboquant demo: TurboQuant codecs on %zu uniform random unit vectors, d = %zu\n",
@@ -326,7 +330,8 @@ void RegisterDemo(CLI::App& app) {
     }
     kv.Print(stdout);
     std::printf("   (row sizes; a live cache's ledger also counts dense windows and buffer slack: tq bench kv;\n    quality: tq bench kv-quality)\n");
-    std::printf("\nMore: tq distortion --help, tq bench codec --help, tq bench kv --help\n");
+    DemoModelSection(args->model);
+    std::printf("\nMore: tq distortion --help, tq bench codec --help, tq bench kv --help, tq eval --help\n");
   });
 }
 

@@ -79,6 +79,11 @@ struct EvalReport {
 // progress(done, total) is called now and then.
 Result<EvalReport> RunEval(const EvalOptions& options, const std::function<void(size_t, size_t)>& progress);
 
+// tq demo's model section: a short eval (the model's own samples, a few
+// presets) of `model`, or of ../shared/data/stories260K.bin when `model` is
+// empty and that file exists (else a one-line note).
+void DemoModelSection(const std::string& model);
+
 // The family a preset is plotted and judged in ("TurboQuant-MSE k=v", "KIVI", ...).
 std::string PresetFamily(const std::string& preset);
 
