@@ -7,7 +7,8 @@
 //   model.safetensors written by this test, wq/wk rows permuted as HF's
 //   converter does) loads to the same logits (< 1e-5);
 // - F16/BF16 safetensors, every KV preset through the public attention API,
-//   chunked prefill vs decode, the tokenizer (round trips, merges against a
+//   attention at head_dims 8/16 vs the fp64 oracle, chunked prefill vs
+//   decode, the tokenizer (round trips, merges against a
 //   quadratic rescan written here), token files, corrupt files and configs.
 //
 // Tolerances: the runner computes in fp32 (8-lane dot products, float RoPE
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "tq/attention.h"
 #include "tq/format.h"
 #include "tq/kv_format.h"
 #include "tq/random.h"
@@ -716,6 +718,53 @@ TEST(Runner, EveryPresetRunsAndFp16IsClose) {
     ++ran;
   }
   EXPECT_GE(ran, 30u);
+}
+
+// The runner's models have head_dim 8 and 16 (attention_test covers 64+):
+// prefill and decode attention on caches of these dims against the fp64
+// oracle on the cache's own decoded K/V. NMSE bound 1e-6 as in
+// attention_test (measured ~1e-13: fp32 rounding only).
+TEST(Runner, AttentionAtModelHeadDimsMatchesOracle) {
+  for (size_t d : {8, 16}) {
+    for (const char* preset : {"k16_v4", "k4_v16", "k4_v4", "k3_v3", "k2_v2", "kivi4", "kp4_v4", "q8"}) {
+      const size_t T = 150, KH = 4, H = 8;
+      KVCacheConfig cfg{.shape = {1, KH, d}, .max_sequences = 1, .preset = preset};
+      cfg.policy.sink_tokens = 2;
+      cfg.policy.recent_window = 5;
+      cfg.policy.compress_chunk = 3;
+      auto c = KVCache::Create(cfg);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      GaussianStream g(d * 31 + std::string(preset).size());
+      std::vector<float> k(T * KH * d), v(T * KH * d), q(T * H * d);
+      for (auto& x : k) x = static_cast<float>(2 * g.Next() + 0.5);
+      for (auto& x : v) x = static_cast<float>(g.Next());
+      for (auto& x : q) x = static_cast<float>(g.Next());
+      ASSERT_TRUE(c->Append(0, 0, k, v).ok());
+      std::vector<float> kd(k.size()), vd(v.size());
+      ASSERT_TRUE(c->DequantizeForDiagnostics(0, 0, kd, vd).ok());
+      auto view = c->View(0, 0);
+      ASSERT_TRUE(view.ok());
+      std::vector<float> out(q.size());
+      std::vector<double> ref(q.size());
+      ASSERT_TRUE(PrefillAttention(*view, H, 0, q, out).ok());
+      ASSERT_TRUE(ref::Attention(q, T, H, kd, vd, T, KH, d, 0, {}, ref).ok());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += ref[i] * ref[i];
+      }
+      EXPECT_LT(num / den, 1e-6) << preset << " d=" << d;
+      std::vector<float> last(q.end() - static_cast<std::ptrdiff_t>(H * d), q.end()), o1(H * d);
+      ASSERT_TRUE(DecodeAttention(std::span<const KVLayerView>(&*view, 1), H, last, o1).ok());
+      num = den = 0;
+      for (size_t i = 0; i < H * d; ++i) {
+        const double r = ref[(T - 1) * H * d + i];
+        num += (o1[i] - r) * (o1[i] - r);
+        den += r * r;
+      }
+      EXPECT_LT(num / den, 1e-6) << preset << " d=" << d << " (decode)";
+    }
+  }
 }
 
 TEST(Runner, ChunkedPrefillEqualsDecodeForDenseKV) {
