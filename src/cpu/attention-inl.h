@@ -113,6 +113,30 @@ HWY_INLINE void Unpack(const uint8_t* in, size_t d, int bits, uint8_t* idx, size
 #endif
 }
 
+// NR (<= 4) vectors as separate members, not an array: with the row loops
+// unrolled, every index is a constant and the vectors stay in registers
+// (GCC keeps arrays of vectors in memory across the token loops).
+template <size_t NR>
+struct Regs {
+  AV v0, v1, v2, v3;
+  template <size_t R>
+  HWY_INLINE AV& get() {
+    if constexpr (R == 0) return v0;
+    else if constexpr (R == 1) return v1;
+    else if constexpr (R == 2) return v2;
+    else return v3;
+  }
+};
+// Runs STMT for r = 0 .. NR-1 with r a compile-time constant.
+#define TQ_FOR_R(STMT)                                 \
+  do {                                                 \
+    { constexpr size_t r = 0; STMT; }                  \
+    if constexpr (NR > 1) { constexpr size_t r = 1; STMT; } \
+    if constexpr (NR > 2) { constexpr size_t r = 2; STMT; } \
+    if constexpr (NR > 3) { constexpr size_t r = 3; STMT; } \
+  } while (0)
+#define TQ_REG(x) ((x).template get<r>())
+
 // Per-thread scratch.
 struct RowDecoder;
 struct AScratch {
@@ -173,10 +197,11 @@ struct RowDecoder {
     while (b + 1 < plan->num_blocks && j >= plan->blocks[b + 1].offset) ++b;
     return b;
   }
+  template <Fmt F>
   HWY_INLINE AV Chunk(size_t j) const {
     const AF df;
     const AI di;
-    switch (fmt) {
+    switch (F) {
       case Fmt::kMse: {
         const size_t b = BlockOf(j);
         const Lut& lut = luts[b];
@@ -193,11 +218,12 @@ struct RowDecoder {
         return hn::MulAdd(x, hn::Set(df, Half(meta + 4 * g)), hn::Set(df, Half(meta + 4 * g + 2)));
       }
       default:
-        return LoadDense(fmt, p, j);
+        return LoadDense(F, p, j);
     }
   }
+  template <Fmt F>
   HWY_INLINE float Scalar(size_t j) const {
-    switch (fmt) {
+    switch (F) {
       case Fmt::kMse: {
         const size_t b = BlockOf(j);
         return luts[b].c[u[j]] * bscale[b];
@@ -209,7 +235,7 @@ struct RowDecoder {
         return static_cast<float>(u[j]) * Half(meta + 4 * g) + Half(meta + 4 * g + 2);
       }
       default:
-        return DenseScalar(fmt, p, j);
+        return DenseScalar(F, p, j);
     }
   }
 };
@@ -267,8 +293,8 @@ HWY_INLINE RowDecoder MakeDecoder(const DecodeInfo& in, const uint8_t* p, const 
   return dec;
 }
 
-template <size_t NR>
-HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
+template <Fmt F, size_t NR>
+HWY_NOINLINE void ScoreDecodedT(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
                              size_t d, const float* const* q, const float* koff, float* const* lg,
                              AScratch& scr) {
   const AF df;
@@ -281,6 +307,7 @@ HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t 
     float tails[NR][kL] = {};
     for (size_t tt = 0; tt < kL; ++tt) {
       if (tt >= nt) {
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
         continue;
       }
@@ -288,21 +315,23 @@ HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t 
       const RowDecoder dec = MakeDecoder(info, s.k + t * s.k_stride,
                                          s.km ? s.km + t * s.km_stride : nullptr, d,
                                          scr.idx.data(), bscale);
-      AV acc[NR];
-      for (size_t r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+      Regs<NR> acc;
+      TQ_FOR_R(TQ_REG(acc) = hn::Zero(df));
       size_t j = 0;
       if (vec_ok) {
         for (; j < vec_end; j += kL) {
-          const AV kv = dec.Chunk(j);
-          for (size_t r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q[r] + j), kv, acc[r]);
+          const AV kv = dec.template Chunk<F>(j);
+          TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::LoadU(df, q[r] + j), kv, TQ_REG(acc)));
         }
       }
       for (; j < d; ++j) {
-        const float x = dec.Scalar(j);
+        const float x = dec.template Scalar<F>(j);
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) tails[r][tt] += q[r][j] * x;
       }
-      for (size_t r = 0; r < NR; ++r) parts[r][tt] = acc[r];
+      TQ_FOR_R(parts[r][tt] = TQ_REG(acc));
     }
+    HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
       hn::Store(ReduceVectors(parts[r]), df, sums);
@@ -310,6 +339,22 @@ HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t 
     }
   }
 }
+
+template <size_t NR>
+HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
+                             size_t d, const float* const* q, const float* koff, float* const* lg,
+                             AScratch& scr) {
+  switch (info.fmt) {
+    case Fmt::kF16: return ScoreDecodedT<Fmt::kF16, NR>(info, s, a, b, d, q, koff, lg, scr);
+    case Fmt::kBF16: return ScoreDecodedT<Fmt::kBF16, NR>(info, s, a, b, d, q, koff, lg, scr);
+    case Fmt::kF32: return ScoreDecodedT<Fmt::kF32, NR>(info, s, a, b, d, q, koff, lg, scr);
+    case Fmt::kInt8: return ScoreDecodedT<Fmt::kInt8, NR>(info, s, a, b, d, q, koff, lg, scr);
+    case Fmt::kIntAsym: return ScoreDecodedT<Fmt::kIntAsym, NR>(info, s, a, b, d, q, koff, lg, scr);
+    case Fmt::kMse: return ScoreDecodedT<Fmt::kMse, NR>(info, s, a, b, d, q, koff, lg, scr);
+    default: return;
+  }
+}
+
 // Centroids of the indices in iv (int32 lanes).
 HWY_INLINE AV LookupIdx(const Lut& t, const AV& tab, hn::Vec<AI> iv) {
   const AF df;
@@ -361,7 +406,7 @@ HWY_INLINE const uint8_t* PadRow(const uint8_t* row, size_t index_bytes, uint8_t
 // driver) multiplies them. Per-token partial sums are reduced kL tokens at a
 // time.
 template <size_t NR>
-HWY_INLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
                              const float* const* qperm, const float* koff, float* const* lg,
                              AScratch& scr) {
   const AF df;
@@ -376,21 +421,22 @@ HWY_INLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     const size_t nt = std::min(kL, b - t0);
     for (size_t tt = 0; tt < kL; ++tt) {
       if (tt >= nt) {
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
         continue;
       }
       const size_t t = t0 + tt;
       const uint8_t* p = PadRow(s.k + t * s.k_stride, plan.index_bytes, pad);
       const uint8_t* meta = s.km + t * s.km_stride;
-      AV tot[NR];
-      for (size_t r = 0; r < NR; ++r) tot[r] = hn::Zero(df);
+      Regs<NR> tot;
+      TQ_FOR_R(TQ_REG(tot) = hn::Zero(df));
       for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
         const BlockPlan& bp = plan.blocks[bl];
         const Lut& lut = ctx.luts[0][bl];
         const AV tab = hn::Load(df, lut.tab);
         const size_t groups = bp.size / 8;
-        AV acc[NR];
-        for (size_t r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
+        Regs<NR> acc;
+        TQ_FOR_R(TQ_REG(acc) = hn::Zero(df));
         for (size_t i0 = 0; i0 < groups; i0 += kL) {
           const auto w = Words(p, bp.offset / 8 + i0, bits);
           const auto lanes = hn::FirstN(df, std::min(kL, groups - i0));
@@ -399,16 +445,15 @@ HWY_INLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
             const auto iv = hn::BitCast(di, hn::And(hn::ShiftRightSame(w, bits * k), mask));
             const AV cv = LookupIdx(lut, tab, iv);
             const size_t pos = bp.offset + static_cast<size_t>(k) * groups + i0;
-            for (size_t r = 0; r < NR; ++r) {
-              acc[r] = hn::MulAdd(hn::MaskedLoad(lanes, df, qperm[r] + pos), cv, acc[r]);
-            }
+            TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::MaskedLoad(lanes, df, qperm[r] + pos), cv, TQ_REG(acc)));
           }
         }
         const AV scv = hn::Set(df, ref::LoadScale(plan, meta + bl * plan.scale_bytes));
-        for (size_t r = 0; r < NR; ++r) tot[r] = hn::MulAdd(acc[r], scv, tot[r]);
+        TQ_FOR_R(TQ_REG(tot) = hn::MulAdd(TQ_REG(acc), scv, TQ_REG(tot)));
       }
-      for (size_t r = 0; r < NR; ++r) parts[r][tt] = tot[r];
+      TQ_FOR_R(parts[r][tt] = TQ_REG(tot));
     }
+    HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
       hn::Store(ReduceVectors(parts[r]), df, sums);
@@ -426,6 +471,7 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   float koff[NR];
   const float* q[NR];
   if (!s.compressed) {
+    HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       koff[r] = 0.0f;
       q[r] = rs[r]->q;
@@ -434,9 +480,11 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     return;
   }
   const attn::Comp& kc = *ctx.kc;
+  HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) koff[r] = rs[r]->koff;
   switch (kc.fmt) {
     case Fmt::kMse:
+      HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->qrot;
       if (kc.fast_mse) return ScoreMseFast<NR>(ctx, s, a, b, q, koff, lg, scr);
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, ctx.luts[0]), s, a, b, d, q, koff, lg, scr);
@@ -450,9 +498,11 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
           std::memcpy(scr.row.data() + kc.payload_bytes, s.km + t * s.km_stride, kc.meta_bytes);
           row = scr.row.data();
         }
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) out[r] = koff[r];
         for (int g = 0; g < kc.num_groups; ++g) {
           const attn::Group& gr = kc.groups[g];
+          HWY_UNROLL(4)
           for (size_t r = 0; r < NR; ++r) {
             float sc;
             ScoreRowsImpl(*gr.plan, rs[r]->qrot + gr.rot_offset,
@@ -461,16 +511,19 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
             out[r] += sc;
           }
         }
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) lg[r][t - a] = out[r];
       }
       return;
     }
     case Fmt::kIntAsym: {
       // sum_j q_j (s u_j + z) per group: the decoder yields s u + z directly.
+      HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, nullptr), s, a, b, d, q, koff, lg, scr);
     }
     default:
+      HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, nullptr), s, a, b, d, q, koff, lg, scr);
   }
@@ -481,8 +534,8 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 
 // Formats decoded per element: accumulators stay in registers over the tile,
 // one vector chunk at a time.
-template <size_t NR>
-HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
+template <Fmt F, size_t NR>
+HWY_NOINLINE void AccumDecodedT(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
                              size_t d, attn::Row* const* rs, float* const* w, AScratch& scr) {
   const AF df;
   const size_t n = b - a;
@@ -501,20 +554,36 @@ HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t 
   size_t j = 0;
   if (info.vec_ok) {
     for (; j + kL <= d; j += kL) {
-      AV acc[NR];
-      for (size_t r = 0; r < NR; ++r) acc[r] = hn::LoadU(df, rs[r]->acc + j);
+      Regs<NR> acc;
+      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, rs[r]->acc + j));
       for (size_t t = 0; t < n; ++t) {
-        const AV vv = decs[t].Chunk(j);
-        for (size_t r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r][t]), vv, acc[r]);
+        const AV vv = decs[t].template Chunk<F>(j);
+        TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::Set(df, w[r][t]), vv, TQ_REG(acc)));
       }
-      for (size_t r = 0; r < NR; ++r) hn::StoreU(acc[r], df, rs[r]->acc + j);
+      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, rs[r]->acc + j));
     }
   }
   for (; j < d; ++j) {
     for (size_t t = 0; t < n; ++t) {
-      const float x = decs[t].Scalar(j);
+      const float x = decs[t].template Scalar<F>(j);
+      HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) rs[r]->acc[j] += w[r][t] * x;
     }
+  }
+}
+
+
+template <size_t NR>
+HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
+                             size_t d, attn::Row* const* rs, float* const* w, AScratch& scr) {
+  switch (info.fmt) {
+    case Fmt::kF16: return AccumDecodedT<Fmt::kF16, NR>(info, s, a, b, d, rs, w, scr);
+    case Fmt::kBF16: return AccumDecodedT<Fmt::kBF16, NR>(info, s, a, b, d, rs, w, scr);
+    case Fmt::kF32: return AccumDecodedT<Fmt::kF32, NR>(info, s, a, b, d, rs, w, scr);
+    case Fmt::kInt8: return AccumDecodedT<Fmt::kInt8, NR>(info, s, a, b, d, rs, w, scr);
+    case Fmt::kIntAsym: return AccumDecodedT<Fmt::kIntAsym, NR>(info, s, a, b, d, rs, w, scr);
+    case Fmt::kMse: return AccumDecodedT<Fmt::kMse, NR>(info, s, a, b, d, rs, w, scr);
+    default: return;
   }
 }
 
@@ -522,7 +591,7 @@ HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t 
 // position (block offset + k * groups + i) holds coordinate (offset + 8 i + k)
 // (the driver undoes the permutation once per row).
 template <size_t NR>
-HWY_INLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+HWY_NOINLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
                              attn::Row* const* rs, float* const* w, AScratch& scr) {
   const AF df;
   const AI di;
@@ -545,6 +614,7 @@ HWY_INLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
     const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
     for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
       const float sc = ref::LoadScale(plan, meta + bl * plan.scale_bytes);
+      HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) scr.wscale[(r * plan.num_blocks + bl) * n + t] = w[r][t] * sc;
     }
   }
@@ -559,18 +629,19 @@ HWY_INLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
       const auto lanes = hn::FirstN(df, nl);
       for (int k = 0; k < 8; ++k) {
         const size_t pos = bp.offset + static_cast<size_t>(k) * groups + i0;
-        AV acc[NR];
-        for (size_t r = 0; r < NR; ++r) acc[r] = hn::MaskedLoad(lanes, df, rs[r]->accr + pos);
+        Regs<NR> acc;
+        TQ_FOR_R(TQ_REG(acc) = hn::MaskedLoad(lanes, df, rs[r]->accr + pos));
         const uint32_t* wp = scr.words.data() + g_base + i0;
         const float* ws[NR];
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) ws[r] = scr.wscale.data() + (r * plan.num_blocks + bl) * n;
         for (size_t t = 0; t < n; ++t) {
           const auto wv = hn::LoadU(du, wp + t * wstride);
           const auto iv = hn::BitCast(di, hn::And(hn::ShiftRightSame(wv, bits * k), mask));
           const AV cv = LookupIdx(lut, tab, iv);
-          for (size_t r = 0; r < NR; ++r) acc[r] = hn::MulAdd(hn::Set(df, ws[r][t]), cv, acc[r]);
+          TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::Set(df, ws[r][t]), cv, TQ_REG(acc)));
         }
-        for (size_t r = 0; r < NR; ++r) hn::BlendedStore(acc[r], lanes, df, rs[r]->accr + pos);
+        TQ_FOR_R(hn::BlendedStore(TQ_REG(acc), lanes, df, rs[r]->accr + pos));
       }
     }
   }
@@ -586,6 +657,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
     return AccumDecoded<NR>(MakeInfo(task.dense_fmt, nullptr, nullptr), s, a, b, d, rs, w, scr);
   }
   const attn::Comp& vc = *vctx.kc;
+  HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) {
     float sum = 0.0f;
     for (size_t t = 0; t < n; ++t) sum += w[r][t];
@@ -610,6 +682,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   for (size_t t = a; t < b; ++t) {
     float wt[NR];
     bool any = false;
+    HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       wt[r] = w[r][t - a];
       any |= wt[r] != 0.0f;
@@ -629,11 +702,13 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
         const AV tab = hn::Load(df, lut.tab);
         const float scale = ref::LoadScale(plan, scales + bl * plan.scale_bytes);
         AV wv[NR];
+        HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) wv[r] = hn::Set(df, wt[r] * scale);
         const size_t base = gr.rot_offset + bp.offset;
         size_t j = 0;
         for (; j + kL <= bp.size; j += kL) {
           const AV cv = Lookup(lut, tab, idx + bp.offset + j);
+          HWY_UNROLL(4)
           for (size_t r = 0; r < NR; ++r) {
             float* acc = rs[r]->accr + base + j;
             hn::StoreU(hn::MulAdd(wv[r], cv, hn::LoadU(df, acc)), df, acc);
@@ -641,6 +716,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
         }
         for (; j < bp.size; ++j) {
           const float c = lut.c[idx[bp.offset + j]] * scale;
+          HWY_UNROLL(4)
           for (size_t r = 0; r < NR; ++r) rs[r]->accr[base + j] += wt[r] * c;
         }
       }
