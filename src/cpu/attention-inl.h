@@ -100,7 +100,21 @@ HWY_INLINE float DenseScalar(Fmt f, const uint8_t* p, size_t j) {
   }
 }
 
-HWY_INLINE float Half(const uint8_t* p) { return HalfToFloat(LoadLE16(p)); }
+HWY_INLINE float Half(const uint8_t* p) {
+#if HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);  // F16C (part of every AVX2/AVX-512 target): exact, as HalfToFloat
+#else
+  return HalfToFloat(LoadLE16(p));
+#endif
+}
+HWY_INLINE float Scale(const CodecPlan& plan, const uint8_t* p) {
+  if (plan.scale_f16) return Half(p);
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
 
 // Unpacked indices of one row (whole groups of 8 may be written past d).
 inline size_t IdxLen(size_t d) { return (d + 7) / 8 * 8 + 64; }
@@ -286,7 +300,7 @@ HWY_INLINE RowDecoder MakeDecoder(const DecodeInfo& in, const uint8_t* p, const 
     dec.plan = in.plan;
     dec.luts = in.luts;
     for (size_t b = 0; b < in.plan->num_blocks; ++b) {
-      bscale[b] = ref::LoadScale(*in.plan, meta + b * in.plan->scale_bytes);
+      bscale[b] = Scale(*in.plan, meta + b * in.plan->scale_bytes);
     }
     dec.bscale = bscale;
   }
@@ -380,7 +394,10 @@ HWY_INLINE hn::Vec<AU> Words(const uint8_t* p, size_t g0, int bits) {
   __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
   v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 12)), 1);
   v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 24)), 2);
-  v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 36)), 3);
+  // The last 12 bytes are read as bytes 32..47 shifted down, so nothing past
+  // the 16 groups' 48 bytes is touched.
+  v = _mm512_inserti32x4(
+      v, _mm_srli_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32)), 4), 3);
   const __m512i shuf = _mm512_broadcast_i32x4(
       _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
   return hn::Vec<AU>{_mm512_shuffle_epi8(v, shuf)};
@@ -392,9 +409,30 @@ HWY_INLINE hn::Vec<AU> Words(const uint8_t* p, size_t g0, int bits) {
 #endif
 }
 
-// Copies a row's index bytes into a zero-padded buffer (so Words never reads
-// past the row).
-HWY_INLINE const uint8_t* PadRow(const uint8_t* row, size_t index_bytes, uint8_t* buf) {
+// Bytes Words reads from the start of a row's indices, at most.
+HWY_INLINE size_t WordsExtent(const CodecPlan& plan) {
+  size_t ext = 0;
+  const size_t bits = static_cast<size_t>(plan.mse_bits);
+  for (size_t b = 0; b < plan.num_blocks; ++b) {
+    const size_t groups = plan.blocks[b].size / 8;
+    for (size_t i0 = 0; i0 < groups; i0 += kL) {
+      const size_t g0 = plan.blocks[b].offset / 8 + i0;
+      size_t len = bits * kL;  // bits 2 and 4: kL words of bits bytes' stride
+      if (bits == 4) len = 4 * kL;
+#if !(HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+      if (bits == 3) len = 3 * kL + 1;  // gathers of 4 bytes at 3-byte steps
+#endif
+      ext = std::max(ext, bits * g0 + len);
+    }
+  }
+  return ext;
+}
+
+// The row itself when every read stays inside its storage (row_span bytes
+// from its start), else a zero-padded copy of its indices.
+HWY_INLINE const uint8_t* PadRow(const uint8_t* row, size_t index_bytes, size_t extent,
+                                 size_t row_span, uint8_t* buf) {
+  if (extent <= row_span) return row;
   std::memcpy(buf, row, index_bytes);
   return buf;
 }
@@ -416,6 +454,7 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   const int bits = plan.mse_bits;
   const auto mask = hn::Set(du, (1u << bits) - 1u);
   uint8_t* pad = scr.pad.data();
+  const size_t extent = WordsExtent(plan);
   HWY_ALIGN AV parts[NR][kL];
   for (size_t t0 = a; t0 < b; t0 += kL) {
     const size_t nt = std::min(kL, b - t0);
@@ -426,7 +465,7 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
         continue;
       }
       const size_t t = t0 + tt;
-      const uint8_t* p = PadRow(s.k + t * s.k_stride, plan.index_bytes, pad);
+      const uint8_t* p = PadRow(s.k + t * s.k_stride, plan.index_bytes, extent, s.k_stride, pad);
       const uint8_t* meta = s.km + t * s.km_stride;
       Regs<NR> tot;
       TQ_FOR_R(TQ_REG(tot) = hn::Zero(df));
@@ -440,15 +479,20 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
         for (size_t i0 = 0; i0 < groups; i0 += kL) {
           const auto w = Words(p, bp.offset / 8 + i0, bits);
           const auto lanes = hn::FirstN(df, std::min(kL, groups - i0));
+          const bool full = groups - i0 >= kL;
           HWY_UNROLL(8)
           for (int k = 0; k < 8; ++k) {
             const auto iv = hn::BitCast(di, hn::And(hn::ShiftRightSame(w, bits * k), mask));
             const AV cv = LookupIdx(lut, tab, iv);
             const size_t pos = bp.offset + static_cast<size_t>(k) * groups + i0;
-            TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::MaskedLoad(lanes, df, qperm[r] + pos), cv, TQ_REG(acc)));
+            if (full) {
+              TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::LoadU(df, qperm[r] + pos), cv, TQ_REG(acc)));
+            } else {
+              TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::MaskedLoad(lanes, df, qperm[r] + pos), cv, TQ_REG(acc)));
+            }
           }
         }
-        const AV scv = hn::Set(df, ref::LoadScale(plan, meta + bl * plan.scale_bytes));
+        const AV scv = hn::Set(df, Scale(plan, meta + bl * plan.scale_bytes));
         TQ_FOR_R(TQ_REG(tot) = hn::MulAdd(TQ_REG(acc), scv, TQ_REG(tot)));
       }
       TQ_FOR_R(parts[r][tt] = TQ_REG(tot));
@@ -606,14 +650,15 @@ HWY_NOINLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a,
   scr.words.resize(n * wstride);
   scr.wscale.resize(NR * plan.num_blocks * n);
   uint8_t* pad = scr.pad.data();
+  const size_t extent = WordsExtent(plan);
   for (size_t t = 0; t < n; ++t) {
-    const uint8_t* p = PadRow(s.v + (a + t) * s.v_stride, plan.index_bytes, pad);
+    const uint8_t* p = PadRow(s.v + (a + t) * s.v_stride, plan.index_bytes, extent, s.v_stride, pad);
     for (size_t g0 = 0; g0 < groups_total; g0 += kL) {
       hn::StoreU(Words(p, g0, bits), du, scr.words.data() + t * wstride + g0);
     }
     const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
     for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
-      const float sc = ref::LoadScale(plan, meta + bl * plan.scale_bytes);
+      const float sc = Scale(plan, meta + bl * plan.scale_bytes);
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) scr.wscale[(r * plan.num_blocks + bl) * n + t] = w[r][t] * sc;
     }
@@ -700,7 +745,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
         const BlockPlan& bp = plan.blocks[bl];
         const Lut& lut = vctx.luts[g][bl];
         const AV tab = hn::Load(df, lut.tab);
-        const float scale = ref::LoadScale(plan, scales + bl * plan.scale_bytes);
+        const float scale = Scale(plan, scales + bl * plan.scale_bytes);
         AV wv[NR];
         HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) wv[r] = hn::Set(df, wt[r] * scale);
@@ -773,6 +818,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   scr.row.resize(row_bytes + 64);
   if (scr.pad.size() < row_bytes + 128) scr.pad.assign(row_bytes + 128, 0);
   KeyCtx kctx, vctx;
+  const size_t row_elem_bytes = task.d * (task.dense_fmt == Fmt::kF32 ? 4 : 2);
   InitCtx(task, task.kc, &kctx);
   InitCtx(task, task.vc, &vctx);
 
@@ -797,6 +843,21 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
       }
       if (nact == 0) continue;
+      // Prefetch this tile's values (read chunk by chunk across rows below)
+      // and the next tile's keys: both are streams from memory.
+      {
+        const size_t kbytes = s.compressed && task.kc ? task.kc->payload_bytes : row_elem_bytes;
+        const size_t vbytes = s.compressed && task.vc ? task.vc->payload_bytes : row_elem_bytes;
+        for (size_t t = pa - s.pos0; t < pb - s.pos0; ++t) {
+          const uint8_t* vr = s.v + t * s.v_stride;
+          for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vr + o);
+        }
+        const size_t na = pb - s.pos0, nb = std::min(pb + kTile, seg_b) - s.pos0;
+        for (size_t t = na; t < nb; ++t) {
+          const uint8_t* kr = s.k + t * s.k_stride;
+          for (size_t o = 0; o < kbytes; o += 64) hwy::Prefetch(kr + o);
+        }
+      }
       for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
         const size_t nr = std::min(kGroup, nact - g0);
         ScoreN<kGroup>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
