@@ -534,29 +534,41 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, ctx.luts[0]), s, a, b, d, q, koff, lg, scr);
     case Fmt::kProd:
     case Fmt::kSplit: {
-      float out[NR];
-      for (size_t t = a; t < b; ++t) {
-        const uint8_t* row = s.k + t * s.k_stride;
-        if (kc.meta_bytes > 0) {  // split planes: assemble the codec row
-          std::memcpy(scr.row.data(), row, kc.payload_bytes);
-          std::memcpy(scr.row.data() + kc.payload_bytes, s.km + t * s.km_stride, kc.meta_bytes);
-          row = scr.row.data();
-        }
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) out[r] = koff[r];
-        for (int g = 0; g < kc.num_groups; ++g) {
-          const attn::Group& gr = kc.groups[g];
-          HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) {
-            float sc;
-            ScoreRowsImpl(*gr.plan, rs[r]->qrot + gr.rot_offset,
-                          rs[r]->qsk ? rs[r]->qsk + gr.sketch_offset : nullptr, row + gr.row_offset,
-                          1, &sc);
-            out[r] += sc;
+      // Each TurboQuant group's codec rows of the tile are gathered into one
+      // contiguous block (they may sit inside split rows or in two planes),
+      // then scored for every query row in one call of the codec's scorer.
+      const size_t n = b - a;
+      for (size_t r = 0; r < NR; ++r) {
+        for (size_t t = 0; t < n; ++t) lg[r][t] = koff[r];
+      }
+      scr.tmp.resize(n);
+      for (int g = 0; g < kc.num_groups; ++g) {
+        const attn::Group& gr = kc.groups[g];
+        const CodecPlan& plan = *gr.plan;
+        const uint8_t* rows = nullptr;
+        if (kc.fmt == Fmt::kProd && kc.meta_bytes > 0 && s.km == s.k + kc.payload_bytes &&
+            s.k_stride == plan.row_bytes && s.km_stride == plan.row_bytes) {
+          rows = s.k + a * s.k_stride;  // KVCache rows: already contiguous codec rows
+        } else {
+          scr.tile.resize(n * plan.row_bytes);
+          for (size_t t = 0; t < n; ++t) {
+            uint8_t* dst = scr.tile.data() + t * plan.row_bytes;
+            const uint8_t* src = s.k + (a + t) * s.k_stride + gr.row_offset;
+            if (kc.fmt == Fmt::kProd) {
+              std::memcpy(dst, src, kc.payload_bytes);
+              std::memcpy(dst + kc.payload_bytes, s.km + (a + t) * s.km_stride, kc.meta_bytes);
+            } else {
+              std::memcpy(dst, src, plan.row_bytes);
+            }
           }
+          rows = scr.tile.data();
         }
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) lg[r][t - a] = out[r];
+        for (size_t r = 0; r < NR; ++r) {
+          ScoreRowsImpl(plan, rs[r]->qrot + gr.rot_offset,
+                        rs[r]->qsk ? rs[r]->qsk + gr.sketch_offset : nullptr, rows, n,
+                        scr.tmp.data());
+          for (size_t t = 0; t < n; ++t) lg[r][t] += scr.tmp[t];
+        }
       }
       return;
     }
