@@ -161,6 +161,7 @@ struct AScratch {
   std::vector<float> wscale;    // weight x block scale (fast MSE values)
   std::vector<RowDecoder> decs;
   std::vector<uint8_t> pad;     // one row's indices, zero-padded
+  std::vector<float> ktile, vtile;  // decoded tiles (prefill)
   std::vector<uint8_t> idx;   // unpacked indices of one row (padded)
   std::vector<uint8_t> row;   // one assembled codec row (prod keys in split planes)
   std::vector<float> tmp;
@@ -802,6 +803,54 @@ HWY_INLINE void AccumN(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b
   }
 }
 
+// Prefill tiles: when many query rows share a tile, its keys and values are
+// decoded once into fp32 rows (bounded workspace: kTile rows) and every row
+// group reads those. Dense rows are converted; fast-MSE rows become
+// scale * centroid in the permuted rotated order (the order of the prepared
+// queries and of the rotated value sums).
+HWY_NOINLINE void DecodeMseTile(const CodecPlan& plan, const Lut* luts, const uint8_t* p0,
+                                size_t stride, const uint8_t* m0, size_t mstride, size_t n,
+                                float* out, AScratch& scr) {
+  const AF df;
+  const AI di;
+  const AU du;
+  const int bits = plan.mse_bits;
+  const auto mask = hn::Set(du, (1u << bits) - 1u);
+  const size_t d = plan.dim;
+  const size_t extent = WordsExtent(plan);
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t* p = PadRow(p0 + t * stride, plan.index_bytes, extent, stride, scr.pad.data());
+    float* o = out + t * d;
+    for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
+      const BlockPlan& bp = plan.blocks[bl];
+      const Lut& lut = luts[bl];
+      const AV tab = hn::Load(df, lut.tab);
+      const AV sc = hn::Set(df, Scale(plan, m0 + t * mstride + bl * plan.scale_bytes));
+      const size_t groups = bp.size / 8;
+      for (size_t i0 = 0; i0 < groups; i0 += kL) {
+        const auto w = Words(p, bp.offset / 8 + i0, bits);
+        const auto lanes = hn::FirstN(df, std::min(kL, groups - i0));
+        for (int k = 0; k < 8; ++k) {
+          const auto iv = hn::BitCast(di, hn::And(hn::ShiftRightSame(w, bits * k), mask));
+          hn::BlendedStore(hn::Mul(LookupIdx(lut, tab, iv), sc), lanes, df,
+                           o + bp.offset + static_cast<size_t>(k) * groups + i0);
+        }
+      }
+    }
+  }
+}
+
+HWY_NOINLINE void DecodeDenseTile(Fmt f, const uint8_t* p0, size_t stride, size_t n, size_t d,
+                                  float* out) {
+  const AF df;
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t* p = p0 + t * stride;
+    size_t j = 0;
+    for (; j + kL <= d; j += kL) hn::StoreU(LoadDense(f, p, j), df, out + t * d + j);
+    for (; j < d; ++j) out[t * d + j] = DenseScalar(f, p, j);
+  }
+}
+
 HWY_INLINE void InitCtx(const attn::Task& task, const attn::Comp* c, KeyCtx* ctx) {
   ctx->task = &task;
   ctx->kc = c;
@@ -870,9 +919,44 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
           for (size_t o = 0; o < kbytes; o += 64) hwy::Prefetch(kr + o);
         }
       }
-      for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
-        const size_t nr = std::min(kGroup, nact - g0);
-        ScoreN<kGroup>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+      const bool many = nact > kGroup;
+      const bool k_tile = many && (!s.compressed || task.kc->fast_mse);
+      const bool v_tile = many && (!s.compressed || task.vc->fast_mse);
+      if (k_tile) {
+        scr.ktile.resize(n * d);
+        if (s.compressed) {
+          DecodeMseTile(*task.kc->groups[0].plan, kctx.luts[0], s.k + (pa - s.pos0) * s.k_stride,
+                        s.k_stride, s.km + (pa - s.pos0) * s.km_stride, s.km_stride, n,
+                        scr.ktile.data(), scr);
+        } else {
+          DecodeDenseTile(task.dense_fmt, s.k + (pa - s.pos0) * s.k_stride, s.k_stride, n, d,
+                          scr.ktile.data());
+        }
+        attn::Seg ts;
+        ts.count = n;
+        ts.k = reinterpret_cast<const uint8_t*>(scr.ktile.data());
+        ts.k_stride = d * sizeof(float);
+        const DecodeInfo f32 = MakeInfo(Fmt::kF32, nullptr, nullptr);
+        for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+          const size_t nr = std::min(kGroup, nact - g0);
+          const float* q[kGroup];
+          float koff[kGroup];
+          for (size_t r = 0; r < nr; ++r) {
+            q[r] = s.compressed ? act[g0 + r]->qrot : act[g0 + r]->q;
+            koff[r] = s.compressed ? act[g0 + r]->koff : 0.0f;
+          }
+          switch (nr) {
+            case 4: ScoreDecoded<4>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
+            case 3: ScoreDecoded<3>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
+            case 2: ScoreDecoded<2>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
+            default: ScoreDecoded<1>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
+          }
+        }
+      } else {
+        for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+          const size_t nr = std::min(kGroup, nact - g0);
+          ScoreN<kGroup>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+        }
       }
       // Mask, soft-cap, online softmax.
       for (size_t r = 0; r < nact; ++r) {
@@ -937,9 +1021,47 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
         row.accumulated += acc_n;
       }
-      for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
-        const size_t nr = std::min(kGroup, nact - g0);
-        AccumN<kGroup>(vctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+      if (v_tile) {
+        scr.vtile.resize(n * d);
+        if (s.compressed) {
+          DecodeMseTile(*task.vc->groups[0].plan, vctx.luts[0], s.v + (pa - s.pos0) * s.v_stride,
+                        s.v_stride, s.vm + (pa - s.pos0) * s.vm_stride, s.vm_stride, n,
+                        scr.vtile.data(), scr);
+        } else {
+          DecodeDenseTile(task.dense_fmt, s.v + (pa - s.pos0) * s.v_stride, s.v_stride, n, d,
+                          scr.vtile.data());
+        }
+        attn::Seg ts;
+        ts.count = n;
+        ts.v = reinterpret_cast<const uint8_t*>(scr.vtile.data());
+        ts.v_stride = d * sizeof(float);
+        const DecodeInfo f32 = MakeInfo(Fmt::kF32, nullptr, nullptr);
+        for (size_t r = 0; r < nact; ++r) {
+          attn::Row& row = *act[r];
+          if (s.compressed) {
+            float sum = 0.0f;
+            for (size_t t = 0; t < n; ++t) sum += lg[r][t];
+            row.lc += sum;
+            std::swap(row.acc, row.accr);  // decoded MSE values sum into the rotated accumulator
+          }
+        }
+        for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+          const size_t nr = std::min(kGroup, nact - g0);
+          switch (nr) {
+            case 4: AccumDecoded<4>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
+            case 3: AccumDecoded<3>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
+            case 2: AccumDecoded<2>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
+            default: AccumDecoded<1>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
+          }
+        }
+        if (s.compressed) {
+          for (size_t r = 0; r < nact; ++r) std::swap(act[r]->acc, act[r]->accr);
+        }
+      } else {
+        for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+          const size_t nr = std::min(kGroup, nact - g0);
+          AccumN<kGroup>(vctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+        }
       }
     }
   }
