@@ -387,8 +387,11 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
     report->scored = scored;
     report->values_accumulated = accumulated;
     report->values_skipped = skipped;
-    report->workspace_bytes = total_rows * (2 * d * sizeof(float) + sizeof(Row)) +
-                              std::min(threads, items.size()) * (kMaxRowsPerItem * 64 * sizeof(float));
+    // Row states and accumulators, plus each worker's scratch: logits of a
+    // tile for its rows and the fp32 key/value tiles of prefill (64 tokens).
+    report->workspace_bytes =
+        total_rows * (2 * d * sizeof(float) + sizeof(Row) + sizeof(RowPrep) + 3 * d * sizeof(float)) +
+        std::min(threads, items.size()) * (kMaxRowsPerItem * 64 + 2 * 64 * d) * sizeof(float);
     report->kernel = cpu::AttnKernelName();
   }
   return Status::Ok();
