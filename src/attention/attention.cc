@@ -83,6 +83,7 @@ Status BuildComp(const KVRowCodec* codec, const float* mean, bool is_value, Comp
       c.fmt = Fmt::kProd;
       c.num_groups = 1;
       c.groups[0].plan = &codec->codec()->plan();
+      c.fast_mse = attn::FastMsePlan(*c.groups[0].plan);
       break;
     case KVFormatKind::kTurboSplit: {
       const SplitCodec* sp = codec->split();

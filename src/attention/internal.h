@@ -50,8 +50,10 @@ struct Comp {
 };
 
 // Whether a CodecPlan qualifies for the fast MSE kernels.
+// Prod plans qualify through their (b-1)-bit MSE part (the QJL term is added
+// separately).
 inline bool FastMsePlan(const CodecPlan& plan) {
-  if (plan.qjl_dim != 0 || plan.mse_bits < 2 || plan.mse_bits > 4) return false;
+  if (plan.mse_bits < 2 || plan.mse_bits > 4) return false;
   for (size_t b = 0; b < plan.num_blocks; ++b) {
     if (plan.blocks[b].size % 8 != 0 || plan.blocks[b].offset % 8 != 0) return false;
   }

@@ -438,6 +438,17 @@ HWY_INLINE const uint8_t* PadRow(const uint8_t* row, size_t index_bytes, size_t 
   return buf;
 }
 
+// sum_k (bit k ? q[k] : -q[k]) over m packed sign bits.
+HWY_INLINE float SignDotAttn(const float* q, const uint8_t* bits, size_t m) {
+#if HWY_TARGET == HWY_SCALAR
+  float dot = 0.0f;
+  for (size_t k = 0; k < m; ++k) dot += ((bits[k / 8] >> (k % 8)) & 1u) ? q[k] : -q[k];
+  return dot;
+#else
+  return SignDot(q, bits, m);
+#endif
+}
+
 // Fast MSE keys (bits 2..4, blocks of multiples of 8): for each row, the
 // words of kL groups are loaded at once; shifts select index k of every group
 // (coordinates 8i + k), the block's table gives the centroids, and the
@@ -446,8 +457,8 @@ HWY_INLINE const uint8_t* PadRow(const uint8_t* row, size_t index_bytes, size_t 
 // time.
 template <size_t NR>
 HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                             const float* const* qperm, const float* koff, float* const* lg,
-                             AScratch& scr) {
+                             const float* const* qperm, const float* const* qsk, const float* koff,
+                             float* const* lg, AScratch& scr) {
   const AF df;
   const AI di;
   const AU du;
@@ -457,6 +468,10 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   uint8_t* pad = scr.pad.data();
   const size_t extent = WordsExtent(plan);
   HWY_ALIGN AV parts[NR][kL];
+  // Prod keys: the QJL term sqrt(pi/2)/m * gamma * sum_k (S q')_k (2 bit_k - 1).
+  const size_t m = plan.qjl_dim;
+  const float qjl_coef = m > 0 ? static_cast<float>(1.2533141373155002512 / static_cast<double>(m)) : 0.0f;
+  float qjl[NR][kL] = {};
   for (size_t t0 = a; t0 < b; t0 += kL) {
     const size_t nt = std::min(kL, b - t0);
     for (size_t tt = 0; tt < kL; ++tt) {
@@ -497,12 +512,17 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
         TQ_FOR_R(TQ_REG(tot) = hn::MulAdd(TQ_REG(acc), scv, TQ_REG(tot)));
       }
       TQ_FOR_R(parts[r][tt] = TQ_REG(tot));
+      if (m > 0) {
+        const float gamma = Scale(plan, meta + (plan.resid_offset - plan.scale_offset));
+        const uint8_t* signs = s.k + t * s.k_stride + plan.sign_offset;
+        for (size_t r = 0; r < NR; ++r) qjl[r][tt] = qjl_coef * gamma * SignDotAttn(qsk[r], signs, m);
+      }
     }
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
       hn::Store(ReduceVectors(parts[r]), df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt] + koff[r];
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt] + qjl[r][tt] + koff[r];
     }
   }
 }
@@ -531,9 +551,18 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     case Fmt::kMse:
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->qrot;
-      if (kc.fast_mse) return ScoreMseFast<NR>(ctx, s, a, b, q, koff, lg, scr);
+      if (kc.fast_mse) return ScoreMseFast<NR>(ctx, s, a, b, q, q, koff, lg, scr);
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, ctx.luts[0]), s, a, b, d, q, koff, lg, scr);
     case Fmt::kProd:
+      if (kc.fast_mse) {  // (b-1)-bit MSE part by the fast kernel, QJL signs on top
+        const float* qs[NR];
+        for (size_t r = 0; r < NR; ++r) {
+          q[r] = rs[r]->qrot;
+          qs[r] = rs[r]->qsk;
+        }
+        return ScoreMseFast<NR>(ctx, s, a, b, q, qs, koff, lg, scr);
+      }
+      [[fallthrough]];
     case Fmt::kSplit: {
       // Each TurboQuant group's codec rows of the tile are gathered into one
       // contiguous block (they may sit inside split rows or in two planes),
@@ -920,7 +949,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
       }
       const bool many = nact > kGroup;
-      const bool k_tile = many && (!s.compressed || task.kc->fast_mse);
+      const bool k_tile = many && (!s.compressed || (task.kc->fmt == Fmt::kMse && task.kc->fast_mse));
       const bool v_tile = many && (!s.compressed || task.vc->fast_mse);
       if (k_tile) {
         scr.ktile.resize(n * d);
