@@ -15,6 +15,7 @@ void RegisterBenchAttention(CLI::App& bench);
 void RegisterBenchAttentionQuality(CLI::App& bench);
 void RegisterSearch(CLI::App& app);
 void RegisterEval(CLI::App& app);
+void RegisterKv(CLI::App& app);
 
 }  // namespace tq::tools
 

@@ -2,7 +2,8 @@
 // compressed cache, timed in the same run (decode, or chunked prefill), with
 // bytes and the output difference; and tq bench attention-quality: output
 // NMSE, softmax KL and top-8 attention-weight overlap of each preset against
-// unquantized dense attention, on synthetic and real Q/K/V.
+// unquantized dense attention, on synthetic and real Q/K/V (llama2.c models
+// through the runner, or a captured bidirectional encoder: --capture).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "common.h"
 #include "commands.h"
+#include "kv_capture.h"
 #include "tq/attention.h"
 #include "tq/format.h"
 #include "tq/kv_cache.h"
@@ -259,6 +261,8 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
 // ---------------------------------------------------------------------------
 struct QualityArgs {
   std::vector<std::string> models;
+  std::vector<std::string> captures;
+  bool no_center_keys = false;
   size_t tokens = 256;
   std::string presets;
   size_t sinks = 0, recent = 0;
@@ -344,6 +348,86 @@ void QualityLayer(const std::string& preset, const KVPolicy& policy, size_t kvh,
     acc->fast_num += (out_fast[i] - out_c[i]) * (out_fast[i] - out_c[i]);
     acc->fast_den += out_c[i] * out_c[i];
   }
+}
+
+// A captured encoder (tools/kv_capture.h): every sequence's queries attend
+// to every token of their own sequence (bidirectional, as in BERT). The
+// library's attention API is causal, so each query is scored as the last
+// position of its sequence (n = 1, query_start = T - 1), which lets it see
+// all T keys: ref::Attention on the original K/V (dense) and on the K/V the
+// cache decodes (compressed); the fast path is DecodeAttention over the
+// sequence's cache view repeated once per query.
+AttnQualityRow QualityCapture(const std::string& preset, const KVPolicy& policy, const KVCapture& cap) {
+  const size_t L = cap.num_layers(), S = cap.num_seqs();
+  const size_t qh = cap.num_q_heads, kvh = cap.num_kv_heads, d = cap.head_dim;
+  auto cache = KVCache::Create({.shape = {cap.first_layer + L, kvh, d}, .max_sequences = S, .preset = preset,
+                                .policy = policy});
+  if (!cache.ok()) Fail(cache.status());
+  QualityAcc acc;
+  const AttentionOptions opt{};
+  for (size_t l = 0; l < L; ++l) {
+    const size_t layer = cap.first_layer + l;
+    for (size_t s = 0; s < S; ++s) {
+      const size_t T = cap.lengths[s];
+      const std::vector<float>& K = cap.K[l][s];
+      const std::vector<float>& V = cap.V[l][s];
+      const std::vector<float>& Q = cap.Q[l][s];
+      Status st = cache->Append(layer, s, K, V);
+      if (!st.ok()) Fail(st);
+      std::vector<float> Kh(K.size()), Vh(V.size());
+      st = cache->DequantizeForDiagnostics(layer, s, Kh, Vh);
+      if (!st.ok()) Fail(st);
+      std::vector<double> out_ref(qh * d), out_c(qh * d), w_ref(qh * T), w_c(qh * T);
+      std::vector<double> all_c(T * qh * d);
+      for (size_t i = 0; i < T; ++i) {
+        const std::span<const float> q(Q.data() + i * qh * d, qh * d);
+        st = ref::Attention(q, 1, qh, K, V, T, kvh, d, T - 1, opt, out_ref, w_ref);
+        if (!st.ok()) Fail(st);
+        st = ref::Attention(q, 1, qh, Kh, Vh, T, kvh, d, T - 1, opt, out_c, w_c);
+        if (!st.ok()) Fail(st);
+        for (size_t j = 0; j < qh * d; ++j) {
+          acc.num += (out_c[j] - out_ref[j]) * (out_c[j] - out_ref[j]);
+          acc.den += out_ref[j] * out_ref[j];
+          all_c[i * qh * d + j] = out_c[j];
+        }
+        auto kl = RowwiseKL(w_ref, w_c, T);
+        if (!kl.ok()) Fail(kl.status());
+        acc.kl_sum += kl->mean * static_cast<double>(kl->rows);
+        acc.kl_max = std::max(acc.kl_max, kl->max);
+        const size_t k = std::min<size_t>(8, T);
+        for (size_t h = 0; h < qh; ++h) {
+          const auto a = TopK(w_ref.data() + h * T, T, k);
+          const auto b = TopK(w_c.data() + h * T, T, k);
+          std::vector<size_t> common;
+          std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+          acc.top_sum += static_cast<double>(common.size()) / static_cast<double>(k);
+        }
+        acc.rows += qh;
+      }
+      // The fast path on the same codes: T "sequences" that are all this
+      // one, each with one query at position T - 1.
+      auto view = cache->View(layer, s);
+      if (!view.ok()) Fail(view.status());
+      const std::vector<KVLayerView> views(T, *view);
+      std::vector<float> out_fast(T * qh * d);
+      st = DecodeAttention(views, qh, Q, out_fast, {.threads = 0});
+      if (!st.ok()) Fail(st);
+      for (size_t j = 0; j < all_c.size(); ++j) {
+        acc.fast_num += (out_fast[j] - all_c[j]) * (out_fast[j] - all_c[j]);
+        acc.fast_den += all_c[j] * all_c[j];
+      }
+    }
+  }
+  AttnQualityRow r;
+  r.preset = preset;
+  r.bits_per_value = *PresetBitsPerValue(*GetKVPreset(preset), d);
+  r.out_nmse = acc.num / acc.den;
+  r.kl_mean = acc.kl_sum / static_cast<double>(acc.rows);
+  r.kl_max = acc.kl_max;
+  r.top8 = acc.top_sum / static_cast<double>(acc.rows);
+  r.fast_vs_ref = acc.fast_den > 0 ? acc.fast_num / acc.fast_den : 0.0;
+  r.rows = acc.rows;
+  return r;
 }
 
 }  // namespace
@@ -472,6 +556,10 @@ void RegisterBenchAttentionQuality(CLI::App& bench) {
   cmd->add_option("--preset", a->presets, "KV presets, comma-separated (default: the kv-quality list)");
   cmd->add_option("--sinks", a->sinks, "dense sink tokens (0: measure the format alone)")->capture_default_str();
   cmd->add_option("--recent", a->recent, "dense recent window (0: measure the format alone)")->capture_default_str();
+  cmd->add_option("--capture", a->captures,
+                  "K/V capture file(s) of a bidirectional encoder (bench/minilm/minilm_kv.py): measure these "
+                  "instead of the synthetic and --model sources; every query sees its whole sequence");
+  cmd->add_flag("--no-center-keys", a->no_center_keys, "do not subtract the per-head key mean before encoding");
   cmd->add_flag("--json", a->json);
   cmd->callback([a] {
     const std::vector<std::string> presets = a->presets.empty() ? QualityPresets() : SplitList(a->presets);
@@ -483,6 +571,56 @@ void RegisterBenchAttentionQuality(CLI::App& bench) {
     policy.sink_tokens = a->sinks;
     policy.recent_window = a->recent;
     policy.compress_chunk = 1;
+    policy.center_keys = !a->no_center_keys;
+    if (!a->captures.empty()) {
+      nlohmann::ordered_json j;
+      j["sinks"] = a->sinks;
+      j["recent_window"] = a->recent;
+      j["center_keys"] = policy.center_keys;
+      for (const auto& path : a->captures) {
+        auto cap = ReadKVCapture(path);
+        if (!cap.ok()) Fail(cap.status());
+        if (cap->num_q_heads == 0) Fail(InvalidArgumentError(path + " holds no queries (num_q_heads 0)"));
+        size_t tokens = 0;
+        for (uint32_t t : cap->lengths) tokens += t;
+        Progress progress("attention-quality " + path + " (presets)");
+        std::vector<AttnQualityRow> rows;
+        for (size_t i = 0; i < presets.size(); ++i) {
+          progress.Update(i, presets.size());
+          if (!PresetBytesPerTokenHead(*GetKVPreset(presets[i]), cap->head_dim).ok()) continue;
+          rows.push_back(QualityCapture(presets[i], policy, *cap));
+        }
+        progress.Done();
+        nlohmann::ordered_json js;
+        js["source"] = path;
+        js["layers"] = cap->num_layers();
+        js["sequences"] = cap->num_seqs();
+        js["tokens"] = tokens;
+        js["results"] = nlohmann::ordered_json::array();
+        for (const auto& r : rows) {
+          js["results"].push_back({{"preset", r.preset}, {"bits_per_value", r.bits_per_value},
+                                   {"output_nmse", r.out_nmse}, {"softmax_kl_mean", r.kl_mean},
+                                   {"softmax_kl_max", r.kl_max}, {"top8_overlap", r.top8},
+                                   {"rows", r.rows}, {"fast_path_nmse_vs_ref", r.fast_vs_ref}});
+        }
+        j["sources"].push_back(js);
+        if (!a->json) {
+          std::printf("\n%s: %zu layers, %zu sequences, %zu tokens, %u query heads / %u KV heads, head_dim %u; "
+                      "%zu (query, head) rows per preset, bidirectional (every query sees its whole sequence)\n",
+                      path.c_str(), cap->num_layers(), cap->num_seqs(), tokens, cap->num_q_heads,
+                      cap->num_kv_heads, cap->head_dim, rows.empty() ? size_t{0} : rows[0].rows);
+          Table t({"preset", "bits/value", "output NMSE", "softmax KL mean (nats)", "KL max", "top-8 overlap",
+                   "fast vs ref NMSE"});
+          for (const auto& r : rows) {
+            t.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), Fmt(r.out_nmse, 3), Fmt(r.kl_mean, 3),
+                      Fmt(r.kl_max, 3), FmtFixed(r.top8, 3), Fmt(r.fast_vs_ref, 2)});
+          }
+          t.Print(stdout);
+        }
+      }
+      if (a->json) std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
     const std::vector<KVSource> sources = QualitySources(a->models, a->tokens);
     nlohmann::ordered_json j;
     j["sinks"] = a->sinks;

@@ -1,16 +1,19 @@
 // tq bench kv (bytes per token and longest context per preset, from the
 // ledger) and tq bench kv-quality (reconstruction and attention-output error
-// per preset on synthetic outlier/bias KV and on real K/V of llama2.c models).
+// per preset on synthetic outlier/bias KV and on real K/V of llama2.c models),
+// and tq kv roundtrip (a K/V capture file through a preset's cache and back).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common.h"
 #include "commands.h"
+#include "kv_capture.h"
 #include "tq/kv_cache.h"
 #include "tq/random.h"
 
@@ -251,6 +254,78 @@ void RegisterBenchKvQuality(CLI::App& bench) {
     }
     progress.Done();
     if (a->json) std::printf("%s\n", j.dump(2).c_str());
+  });
+}
+
+void RegisterKv(CLI::App& app) {
+  CLI::App* kv = app.add_subcommand("kv", "KV-cache utilities");
+  kv->require_subcommand(1);
+  struct Args {
+    std::string preset, in, out;
+    bool no_center_keys = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = kv->add_subcommand(
+      "roundtrip",
+      "encode the K/V of a capture file with a preset's cache (every token compressed) and write what it decodes");
+  cmd->add_option("--preset", a->preset, "KV preset")->required();
+  cmd->add_option("--in", a->in, "K/V capture file (tools/kv_capture.h; Q, if present, is ignored)")->required();
+  cmd->add_option("--out", a->out, "output capture: the decoded K/V, same layers and sequences, no Q")->required();
+  cmd->add_flag("--no-center-keys", a->no_center_keys, "do not subtract the per-head key mean before encoding");
+  cmd->callback([a] {
+    auto preset = GetKVPreset(a->preset);
+    if (!preset.ok()) Fail(preset.status());
+    auto cap = ReadKVCapture(a->in);
+    if (!cap.ok()) Fail(cap.status());
+    if (auto b = PresetBytesPerTokenHead(*preset, cap->head_dim); !b.ok()) {
+      Fail(InvalidArgumentError("--preset " + a->preset + " is not available at head_dim " +
+                                std::to_string(cap->head_dim) + ": " + b.status().message()));
+    }
+    // Every token compressed on arrival (no sinks, no dense recent window):
+    // the format alone. One cache sequence per capture sequence, the model's
+    // layer index for the codecs' streams.
+    KVPolicy policy;
+    policy.sink_tokens = 0;
+    policy.recent_window = 0;
+    policy.compress_chunk = 1;
+    policy.center_keys = !a->no_center_keys;
+    const size_t L = cap->num_layers(), S = cap->num_seqs();
+    auto cache = KVCache::Create({.shape = {cap->first_layer + L, cap->num_kv_heads, cap->head_dim},
+                                  .max_sequences = S, .preset = a->preset, .policy = policy});
+    if (!cache.ok()) Fail(cache.status());
+    KVCapture out;
+    out.first_layer = cap->first_layer;
+    out.num_q_heads = 0;
+    out.num_kv_heads = cap->num_kv_heads;
+    out.head_dim = cap->head_dim;
+    out.lengths = cap->lengths;
+    out.K.resize(L);
+    out.V.resize(L);
+    double ke = 0, kn = 0, ve = 0, vn = 0;
+    for (size_t l = 0; l < L; ++l) {
+      for (size_t s = 0; s < S; ++s) {
+        const auto& K = cap->K[l][s];
+        const auto& V = cap->V[l][s];
+        Status st = cache->Append(cap->first_layer + l, s, K, V);
+        if (!st.ok()) Fail(st);
+        std::vector<float> Kh(K.size()), Vh(V.size());
+        st = cache->DequantizeForDiagnostics(cap->first_layer + l, s, Kh, Vh);
+        if (!st.ok()) Fail(st);
+        for (size_t i = 0; i < K.size(); ++i) {
+          ke += (static_cast<double>(Kh[i]) - K[i]) * (static_cast<double>(Kh[i]) - K[i]);
+          kn += static_cast<double>(K[i]) * K[i];
+          ve += (static_cast<double>(Vh[i]) - V[i]) * (static_cast<double>(Vh[i]) - V[i]);
+          vn += static_cast<double>(V[i]) * V[i];
+        }
+        out.K[l].push_back(std::move(Kh));
+        out.V[l].push_back(std::move(Vh));
+      }
+    }
+    Status st = WriteKVCapture(a->out, out);
+    if (!st.ok()) Fail(st);
+    std::printf("kv roundtrip: %s, layers %u..%zu, %zu sequences, K rel MSE %s, V rel MSE %s, cache %zu bytes\n",
+                a->preset.c_str(), cap->first_layer, cap->first_layer + L - 1, S, Fmt(kn > 0 ? ke / kn : 0.0, 3).c_str(),
+                Fmt(vn > 0 ? ve / vn : 0.0, 3).c_str(), cache->Ledger().total());
   });
 }
 

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   tq::tools::RegisterBenchAttentionQuality(*bench);
   tq::tools::RegisterSearch(app);
   tq::tools::RegisterEval(app);
+  tq::tools::RegisterKv(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
