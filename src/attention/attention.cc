@@ -419,6 +419,10 @@ Status CheckQ(std::span<const float> q, std::span<float> out, size_t rows, size_
 
 Status CheckHeads(size_t num_q_heads, size_t num_kv_heads, const char* what) {
   if (num_kv_heads == 0) return InvalidArgumentError(std::string(what) + ": no KV heads");
+  if (num_q_heads / num_kv_heads > 256) {
+    return InvalidArgumentError(std::string(what) + ": " + Str(num_q_heads / num_kv_heads) +
+                                " query heads per KV head; at most 256 are supported");
+  }
   if (num_q_heads == 0 || num_q_heads % num_kv_heads != 0) {
     return InvalidArgumentError(std::string(what) + ": num_q_heads " + Str(num_q_heads) +
                                 " must be a positive multiple of the " + Str(num_kv_heads) +

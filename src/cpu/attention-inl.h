@@ -151,25 +151,6 @@ struct Regs {
   } while (0)
 #define TQ_REG(x) ((x).template get<r>())
 
-// Per-thread scratch.
-struct RowDecoder;
-struct AScratch {
-  std::vector<float> logits;  // [rows][kTile]
-  std::vector<uint8_t> tile;  // unpacked codes of a tile's rows
-  std::vector<float> bscales; // block scales of a tile's rows
-  std::vector<uint32_t> words;  // index words of a tile's rows (fast MSE values)
-  std::vector<float> wscale;    // weight x block scale (fast MSE values)
-  std::vector<RowDecoder> decs;
-  std::vector<uint8_t> pad;     // one row's indices, zero-padded
-  std::vector<float> ktile, vtile;  // decoded tiles (prefill)
-  std::vector<uint8_t> idx;   // unpacked indices of one row (padded)
-  std::vector<uint8_t> row;   // one assembled codec row (prod keys in split planes)
-  std::vector<float> tmp;
-};
-inline AScratch& AttnScratch() {
-  static thread_local AScratch s;
-  return s;
-}
 
 // ---------------------------------------------------------------------------
 // Scores.
@@ -254,6 +235,25 @@ struct RowDecoder {
     }
   }
 };
+
+// Per-thread scratch.
+struct AScratch {
+  std::vector<float> logits;  // [rows][kTile]
+  std::vector<uint8_t> tile;  // unpacked codes of a tile's rows
+  std::vector<float> bscales; // block scales of a tile's rows
+  std::vector<uint32_t> words;  // index words of a tile's rows (fast MSE values)
+  std::vector<float> wscale;    // weight x block scale (fast MSE values)
+  std::vector<RowDecoder> decs;
+  std::vector<uint8_t> pad;     // one row's indices, zero-padded
+  std::vector<float> ktile, vtile;  // decoded tiles (prefill)
+  std::vector<uint8_t> idx;   // unpacked indices of one row (padded)
+  std::vector<uint8_t> row;   // one assembled codec row (prod keys in split planes)
+  std::vector<float> tmp;
+};
+inline AScratch& AttnScratch() {
+  static thread_local AScratch s;
+  return s;
+}
 
 // Scores of rows against tokens [a, b) whose rows decode per element (dense,
 // int8, int-asym): one vector of partial sums per (row, token), reduced kL
