@@ -1004,8 +1004,16 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         size_t vis_b = std::min(row.hi, pb) - pa;
         for (size_t t = 0; t < vis_a; ++t) x[t] = kMasked;
         for (size_t t = vis_b; t < n; ++t) x[t] = kMasked;
+        // Masked logits are -1e30, so the max over the whole tile is the max
+        // over the visible part (which is never empty here).
         float mx = row.m;
-        for (size_t t = vis_a; t < vis_b; ++t) mx = std::max(mx, x[t]);
+        {
+          size_t t = 0;
+          AV mv = hn::Set(df, kMasked);
+          for (; t + kL <= n; t += kL) mv = hn::Max(mv, hn::LoadU(df, x + t));
+          mx = std::max(mx, hn::GetLane(hn::MaxOfLanes(df, mv)));
+          for (; t < n; ++t) mx = std::max(mx, x[t]);
+        }
         row.scored += vis_b - vis_a;
         if (mx > row.m) {
           const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
