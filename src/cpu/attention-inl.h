@@ -293,8 +293,12 @@ HWY_INLINE RowDecoder MakeDecoder(const DecodeInfo& in, const uint8_t* p, const 
                                   size_t d, uint8_t* ubuf, float* bscale) {
   RowDecoder dec{in.fmt, in.group_size, p, meta};
   if (in.fmt == Fmt::kIntAsym) {
-    Unpack(p, d, in.bits, ubuf, in.payload_bytes);
-    dec.u = ubuf;
+    if (in.bits == 8) {
+      dec.u = p;  // 8-bit codes are the bytes themselves
+    } else {
+      Unpack(p, d, in.bits, ubuf, in.payload_bytes);
+      dec.u = ubuf;
+    }
   } else if (in.fmt == Fmt::kMse) {
     Unpack(p, d, in.plan->mse_bits, ubuf, in.plan->index_bytes);
     dec.u = ubuf;
