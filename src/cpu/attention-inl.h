@@ -119,6 +119,22 @@ HWY_INLINE float Scale(const CodecPlan& plan, const uint8_t* p) {
 // Unpacked indices of one row (whole groups of 8 may be written past d).
 inline size_t IdxLen(size_t d) { return (d + 7) / 8 * 8 + 64; }
 HWY_INLINE void Unpack(const uint8_t* in, size_t d, int bits, uint8_t* idx, size_t nbytes) {
+#if HWY_TARGET != HWY_SCALAR
+  if (bits == 4) {  // nibbles: 16 bytes -> 32 indices with two interleaves
+    const hn::Full128<uint8_t> d8;
+    const auto m4 = hn::Set(d8, uint8_t{0x0F});
+    size_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+      const auto v = hn::LoadU(d8, in + i / 2);
+      const auto lo = hn::And(v, m4);
+      const auto hi = hn::ShiftRight<4>(v);
+      hn::StoreU(hn::InterleaveLower(d8, lo, hi), d8, idx + i);
+      hn::StoreU(hn::InterleaveUpper(d8, lo, hi), d8, idx + i + 16);
+    }
+    for (; i < d; ++i) idx[i] = static_cast<uint8_t>((in[i / 2] >> (4 * (i % 2))) & 0x0F);
+    return;
+  }
+#endif
 #if HWY_TARGET == HWY_SCALAR
   (void)nbytes;
   ref::UnpackBits(in, d, bits, idx);
