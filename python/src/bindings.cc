@@ -1,0 +1,212 @@
+// turboquant._core: nanobind bindings of the Codec, the KV presets and the
+// SIMD dispatcher. Arrays are taken as C-contiguous CPU nb::ndarray views
+// (numpy, or torch CPU tensors through DLPack) without copies; the GIL is
+// released around every compute call. Status errors become ValueError
+// (InvalidArgument, OutOfRange) or turboquant.TurboQuantError (the rest).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <span>
+#include <string>
+
+#include "tq/codec.h"
+#include "tq/kv_format.h"
+#include "tq/status.h"
+#include "tq/version.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+nb::object g_error;  // turboquant.TurboQuantError, created at import
+
+[[noreturn]] void Raise(const tq::Status& s) {
+  if (s.code() == tq::StatusCode::kInvalidArgument || s.code() == tq::StatusCode::kOutOfRange) {
+    throw nb::value_error(s.ToString().c_str());
+  }
+  PyErr_SetString(g_error.ptr(), s.ToString().c_str());
+  throw nb::python_error();
+}
+void Check(const tq::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+template <typename T>
+T Take(tq::Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(*r);
+}
+
+// Any-dtype, any-shape CPU array; dtype, rank and contiguity are checked by
+// hand so that the error names what was passed.
+using AnyArray = nb::ndarray<nb::device::cpu>;
+using F32Out = nb::ndarray<nb::numpy, float>;
+using U8Out = nb::ndarray<nb::numpy, uint8_t>;
+
+bool IsCContiguous(const AnyArray& a) {
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
+    expect *= static_cast<int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+std::string DtypeName(const nb::dlpack::dtype& d) {
+  const char* kind = d.code == uint8_t(nb::dlpack::dtype_code::Float)  ? "float"
+                     : d.code == uint8_t(nb::dlpack::dtype_code::Int)  ? "int"
+                     : d.code == uint8_t(nb::dlpack::dtype_code::UInt) ? "uint"
+                     : d.code == uint8_t(nb::dlpack::dtype_code::Bfloat) ? "bfloat"
+                                                                         : "other";
+  return std::string(kind) + std::to_string(d.bits);
+}
+
+// Checks a [rows, cols] (or [cols] when allow_1d) array of T; returns rows.
+template <typename T>
+size_t CheckMatrix(const AnyArray& a, const char* name, size_t cols, bool allow_1d) {
+  if (a.dtype() != nb::dtype<T>()) {
+    throw nb::value_error((std::string(name) + ": dtype must be " + DtypeName(nb::dtype<T>()) +
+                           ", got " + DtypeName(a.dtype()))
+                              .c_str());
+  }
+  if (!(a.ndim() == 2 || (allow_1d && a.ndim() == 1))) {
+    throw nb::value_error((std::string(name) + ": must be 2-D [rows, " + std::to_string(cols) +
+                           "], got " + std::to_string(a.ndim()) + "-D")
+                              .c_str());
+  }
+  const size_t last = a.shape(a.ndim() - 1);
+  if (last != cols) {
+    throw nb::value_error((std::string(name) + ": last dimension must be " +
+                           std::to_string(cols) + ", got " + std::to_string(last))
+                              .c_str());
+  }
+  if (!IsCContiguous(a)) {
+    throw nb::value_error((std::string(name) + ": must be C-contiguous (use "
+                                               "numpy.ascontiguousarray / tensor.contiguous())")
+                              .c_str());
+  }
+  return a.ndim() == 2 ? a.shape(0) : 1;
+}
+
+template <typename T>
+nb::ndarray<nb::numpy, T> NewArray(size_t rows, size_t cols, bool two_d) {
+  T* data = new T[rows * cols]();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  if (two_d) return nb::ndarray<nb::numpy, T>(data, {rows, cols}, owner);
+  return nb::ndarray<nb::numpy, T>(data, {cols}, owner);
+}
+
+tq::Codec MakeCodec(size_t dim, int bits, const std::string& kind, const std::string& rotation,
+                    uint64_t seed, uint32_t layer, uint32_t head, const std::string& role,
+                    bool f32_scales, bool norm_correction, size_t qjl_dim) {
+  tq::CodecSpec spec{.dim = dim, .bits = bits};
+  if (kind == "mse") spec.kind = tq::CodecKind::kMse;
+  else if (kind == "prod") spec.kind = tq::CodecKind::kProd;
+  else throw nb::value_error(("kind must be 'mse' or 'prod', got '" + kind + "'").c_str());
+  spec.rotation = Take(tq::ParseRotationKind(rotation));
+  spec.scale_dtype = f32_scales ? tq::ScaleDtype::kF32 : tq::ScaleDtype::kF16;
+  spec.norm_correction = norm_correction;
+  spec.qjl_dim = qjl_dim;
+  if (role == "key") spec.stream.role = tq::Role::kKey;
+  else if (role == "value") spec.stream.role = tq::Role::kValue;
+  else if (role == "vector") spec.stream.role = tq::Role::kVector;
+  else throw nb::value_error(("role must be 'key', 'value' or 'vector', got '" + role + "'").c_str());
+  spec.stream.seed = seed;
+  spec.stream.layer = layer;
+  spec.stream.head = head;
+  return Take(tq::Codec::Create(spec));
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "turboquant C++ core (nanobind)";
+  g_error = nb::borrow(PyErr_NewException("turboquant.TurboQuantError", PyExc_RuntimeError, nullptr));
+  m.attr("TurboQuantError") = g_error;
+
+  m.def("active_simd_target", [] { return std::string(tq::ActiveSimdTarget()); },
+        "Name of the SIMD target the dispatcher picked on this CPU.");
+  m.def("preset_names", &tq::KVPresetNames, "Known KV preset names.");
+  m.def(
+      "preset_bytes_per_token_head",
+      [](const std::string& name, size_t head_dim) {
+        auto p = Take(tq::GetKVPreset(name));
+        return Take(tq::PresetBytesPerTokenHead(p, head_dim));
+      },
+      "preset"_a, "head_dim"_a, "Bytes of keys + values of one (token, KV head), metadata included.");
+  m.def(
+      "preset_bits_per_value",
+      [](const std::string& name, size_t head_dim) {
+        auto p = Take(tq::GetKVPreset(name));
+        return Take(tq::PresetBitsPerValue(p, head_dim));
+      },
+      "preset"_a, "head_dim"_a);
+
+  nb::class_<tq::Codec>(m, "Codec")
+      .def(nb::new_(&MakeCodec), "dim"_a, "bits"_a, nb::kw_only(), "kind"_a = "mse",
+           "rotation"_a = "block", "seed"_a = 0, "layer"_a = 0, "head"_a = 0, "role"_a = "vector",
+           "f32_scales"_a = false, "norm_correction"_a = true, "qjl_dim"_a = 0,
+           "TurboQuant codec (MSE or prod). Errors in the spec raise ValueError.")
+      .def_prop_ro("dim", &tq::Codec::dim)
+      .def_prop_ro("row_bytes", &tq::Codec::row_bytes)
+      .def_prop_ro("bits_per_value", &tq::Codec::bits_per_value)
+      .def_prop_ro("spec", [](const tq::Codec& c) { return tq::ToString(c.spec()); })
+      .def(
+          "encode",
+          [](const tq::Codec& c, AnyArray x, size_t threads) {
+            const bool two_d = x.ndim() == 2;
+            const size_t rows = CheckMatrix<float>(x, "x", c.dim(), true);
+            auto out = NewArray<uint8_t>(rows, c.row_bytes(), two_d);
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = c.Encode({static_cast<const float*>(x.data()), rows * c.dim()},
+                           {out.data(), rows * c.row_bytes()}, {.threads = threads});
+            }
+            Check(s);
+            return out;
+          },
+          "x"_a, nb::kw_only(), "threads"_a = 1,
+          "x: float32 [rows, dim] or [dim] -> uint8 codes [rows, row_bytes] (or [row_bytes]).")
+      .def(
+          "decode",
+          [](const tq::Codec& c, AnyArray codes, size_t threads) {
+            const bool two_d = codes.ndim() == 2;
+            const size_t rows = CheckMatrix<uint8_t>(codes, "codes", c.row_bytes(), true);
+            auto out = NewArray<float>(rows, c.dim(), two_d);
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = c.Decode({static_cast<const uint8_t*>(codes.data()), rows * c.row_bytes()},
+                           {out.data(), rows * c.dim()}, {.threads = threads});
+            }
+            Check(s);
+            return out;
+          },
+          "codes"_a, nb::kw_only(), "threads"_a = 1)
+      .def(
+          "inner_products",
+          [](const tq::Codec& c, AnyArray query, AnyArray codes, size_t threads) {
+            CheckMatrix<float>(query, "query", c.dim(), true);
+            if (query.ndim() != 1) throw nb::value_error("query: must be 1-D [dim]");
+            const size_t rows = CheckMatrix<uint8_t>(codes, "codes", c.row_bytes(), false);
+            auto out = NewArray<float>(1, rows, false);
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              tq::Codec::Query q;
+              s = c.PrepareQuery({static_cast<const float*>(query.data()), c.dim()}, &q);
+              if (s.ok()) {
+                s = c.InnerProducts(q, {static_cast<const uint8_t*>(codes.data()),
+                                        rows * c.row_bytes()},
+                                    {out.data(), rows}, {.threads = threads});
+              }
+            }
+            Check(s);
+            return out;
+          },
+          "query"_a, "codes"_a, nb::kw_only(), "threads"_a = 1,
+          "Estimates <query, x_r> for every row r straight from the codes.");
+}

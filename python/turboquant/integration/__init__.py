@@ -1,0 +1,1 @@
+"""Framework integration helpers (HuggingFace / vLLM layers are not built yet)."""
