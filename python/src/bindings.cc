@@ -6,12 +6,15 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <span>
 #include <string>
 
+#include "tq/attention.h"
 #include "tq/codec.h"
+#include "tq/kv_cache.h"
 #include "tq/kv_format.h"
 #include "tq/status.h"
 #include "tq/version.h"
@@ -119,6 +122,41 @@ tq::Codec MakeCodec(size_t dim, int bits, const std::string& kind, const std::st
   return Take(tq::Codec::Create(spec));
 }
 
+
+// Checks a C-contiguous float32 array of rank ndim whose last dimension is
+// head_dim; returns its element count.
+size_t CheckTensor(const AnyArray& a, const char* name, size_t ndim, size_t head_dim) {
+  if (a.dtype() != nb::dtype<float>()) {
+    throw nb::value_error((std::string(name) + ": dtype must be float32, got " + DtypeName(a.dtype())).c_str());
+  }
+  if (a.ndim() != ndim) {
+    throw nb::value_error((std::string(name) + ": must be " + std::to_string(ndim) + "-D, got " +
+                           std::to_string(a.ndim()) + "-D").c_str());
+  }
+  if (a.shape(ndim - 1) != head_dim) {
+    throw nb::value_error((std::string(name) + ": last dimension must be head_dim " +
+                           std::to_string(head_dim) + ", got " + std::to_string(a.shape(ndim - 1))).c_str());
+  }
+  if (!IsCContiguous(a)) throw nb::value_error((std::string(name) + ": must be C-contiguous").c_str());
+  return a.size();
+}
+
+tq::KVCache MakeCache(size_t num_layers, size_t num_kv_heads, size_t head_dim, const std::string& preset,
+                      size_t max_sequences, size_t recent_window, size_t sink_tokens,
+                      size_t compress_chunk, bool center_keys, bool center_values, uint64_t seed) {
+  tq::KVCacheConfig config;
+  config.shape = {.num_layers = num_layers, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
+  config.max_sequences = max_sequences;
+  config.preset = preset;
+  config.policy.recent_window = recent_window;
+  config.policy.sink_tokens = sink_tokens;
+  config.policy.compress_chunk = compress_chunk;
+  config.policy.center_keys = center_keys;
+  config.policy.center_values = center_values;
+  config.policy.seed = seed;
+  return Take(tq::KVCache::Create(config));
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -209,4 +247,65 @@ NB_MODULE(_core, m) {
           },
           "query"_a, "codes"_a, nb::kw_only(), "threads"_a = 1,
           "Estimates <query, x_r> for every row r straight from the codes.");
+
+  nb::class_<tq::KVCache>(m, "KVCache")
+      .def(nb::new_(&MakeCache), "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, nb::kw_only(),
+           "preset"_a = "k4_v4", "max_sequences"_a = 1, "recent_window"_a = 128, "sink_tokens"_a = 4,
+           "compress_chunk"_a = 32, "center_keys"_a = true, "center_values"_a = false, "seed"_a = 0)
+      .def("layer_preset", &tq::KVCache::layer_preset, "layer"_a)
+      .def("length", &tq::KVCache::length, "layer"_a, "seq"_a)
+      .def_prop_ro("allocated_bytes", &tq::KVCache::AllocatedBytes)
+      .def(
+          "append",
+          [](tq::KVCache& c, size_t layer, size_t seq, AnyArray k, AnyArray v) {
+            const auto& sh = c.config().shape;
+            const size_t nk = CheckTensor(k, "k", 3, sh.head_dim);
+            const size_t nv = CheckTensor(v, "v", 3, sh.head_dim);
+            if (k.shape(1) != sh.num_kv_heads || v.shape(1) != sh.num_kv_heads || nk != nv) {
+              throw nb::value_error("k and v must both be [tokens, num_kv_heads, head_dim] with the same tokens");
+            }
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = c.Append(layer, seq, {static_cast<const float*>(k.data()), nk},
+                           {static_cast<const float*>(v.data()), nv});
+            }
+            Check(s);
+          },
+          "layer"_a, "seq"_a, "k"_a, "v"_a, "k, v: float32 [tokens, num_kv_heads, head_dim].")
+      .def(
+          "dequantize_for_diagnostics",
+          [](const tq::KVCache& c, size_t layer, size_t seq) {
+            const auto& sh = c.config().shape;
+            const size_t n = c.length(layer, seq) * sh.num_kv_heads * sh.head_dim;
+            auto k = NewArray<float>(1, n, false);
+            auto v = NewArray<float>(1, n, false);
+            Check(c.DequantizeForDiagnostics(layer, seq, {k.data(), n}, {v.data(), n}));
+            return std::make_pair(k, v);
+          },
+          "layer"_a, "seq"_a, "DIAGNOSTIC ONLY: flat decoded K and V ([length*heads*head_dim]).")
+      .def(
+          "decode_attention",
+          [](const tq::KVCache& c, size_t layer, std::vector<size_t> seqs, AnyArray q, float scale,
+             size_t threads) {
+            const auto& sh = c.config().shape;
+            const size_t nq = CheckTensor(q, "q", 3, sh.head_dim);
+            if (q.shape(0) != seqs.size()) {
+              throw nb::value_error(("q: first dimension must be len(seqs) = " + std::to_string(seqs.size()) +
+                                     ", got " + std::to_string(q.shape(0))).c_str());
+            }
+            std::vector<tq::KVLayerView> views;
+            for (size_t s : seqs) views.push_back(Take(c.View(layer, s)));
+            auto out = NewArray<float>(1, nq, false);
+            tq::Status st;
+            {
+              nb::gil_scoped_release release;
+              st = tq::DecodeAttention(views, q.shape(1), {static_cast<const float*>(q.data()), nq},
+                                       {out.data(), nq}, {.scale = scale, .threads = threads});
+            }
+            Check(st);
+            return out;
+          },
+          "layer"_a, "seqs"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "threads"_a = 1,
+          "q: float32 [len(seqs), num_q_heads, head_dim] -> flat output of the same size.");
 }

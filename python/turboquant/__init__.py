@@ -1,6 +1,7 @@
 """turboquant: Python bindings of the TurboQuant C++ library."""
 from ._core import (  # noqa: F401
     Codec,
+    KVCache,
     TurboQuantError,
     active_simd_target,
     preset_bits_per_value,
@@ -10,6 +11,7 @@ from ._core import (  # noqa: F401
 
 __all__ = [
     "Codec",
+    "KVCache",
     "TurboQuantError",
     "active_simd_target",
     "preset_bits_per_value",
