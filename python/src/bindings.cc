@@ -15,6 +15,7 @@
 #include "tq/attention.h"
 #include "tq/codec.h"
 #include "tq/kv_cache.h"
+#include "tq/paged_kv_cache.h"
 #include "tq/kv_format.h"
 #include "tq/status.h"
 #include "tq/version.h"
@@ -155,6 +156,29 @@ tq::KVCache MakeCache(size_t num_layers, size_t num_kv_heads, size_t head_dim, c
   config.policy.center_values = center_values;
   config.policy.seed = seed;
   return Take(tq::KVCache::Create(config));
+}
+
+tq::PagedKVCache MakePaged(size_t num_layers, size_t num_kv_heads, size_t head_dim, size_t num_blocks,
+                           size_t block_size, const std::string& preset, uint64_t seed) {
+  tq::PagedKVCacheConfig config;
+  config.shape = {.num_layers = num_layers, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
+  config.num_blocks = num_blocks;
+  config.block_size = block_size;
+  config.preset = preset;
+  config.policy.seed = seed;
+  return Take(tq::PagedKVCache::Create(config));
+}
+
+template <typename T>
+void CheckInts(const AnyArray& a, const char* name, size_t ndim) {
+  if (a.dtype() != nb::dtype<T>()) {
+    throw nb::value_error((std::string(name) + ": dtype must be " + DtypeName(nb::dtype<T>()) + ", got " +
+                           DtypeName(a.dtype())).c_str());
+  }
+  if (a.ndim() != ndim) {
+    throw nb::value_error((std::string(name) + ": must be " + std::to_string(ndim) + "-D").c_str());
+  }
+  if (!IsCContiguous(a)) throw nb::value_error((std::string(name) + ": must be C-contiguous").c_str());
 }
 
 }  // namespace
@@ -308,4 +332,71 @@ NB_MODULE(_core, m) {
           },
           "layer"_a, "seqs"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "threads"_a = 1,
           "q: float32 [len(seqs), num_q_heads, head_dim] -> flat output of the same size.");
+
+  nb::class_<tq::PagedKVCache>(m, "PagedKVCache")
+      .def(nb::new_(&MakePaged), "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, nb::kw_only(),
+           "num_blocks"_a, "block_size"_a = 16, "preset"_a = "k4_v4", "seed"_a = 0)
+      .def_prop_ro("capacity_slots", &tq::PagedKVCache::capacity_slots)
+      .def_prop_ro("free_blocks", &tq::PagedKVCache::free_blocks)
+      .def("add_sequence", [](tq::PagedKVCache& c) { return Take(c.AddSequence()); })
+      .def("reserve_slots", [](tq::PagedKVCache& c, size_t seq, size_t tokens) { return Take(c.ReserveSlots(seq, tokens)); },
+           "seq"_a, "tokens"_a)
+      .def("block_table", [](const tq::PagedKVCache& c, size_t seq) { return Take(c.BlockTable(seq)); }, "seq"_a)
+      .def("sequence_length", [](const tq::PagedKVCache& c, size_t seq) { return Take(c.SequenceLength(seq)); }, "seq"_a)
+      .def(
+          "write_slots",
+          [](tq::PagedKVCache& c, size_t layer, AnyArray k, AnyArray v, AnyArray slots) {
+            const auto& sh = c.config().shape;
+            const size_t nk = CheckTensor(k, "k", 3, sh.head_dim);
+            const size_t nv = CheckTensor(v, "v", 3, sh.head_dim);
+            CheckInts<int64_t>(slots, "slot_mapping", 1);
+            if (k.shape(1) != sh.num_kv_heads || nk != nv || slots.shape(0) != k.shape(0)) {
+              throw nb::value_error("k, v: [tokens, num_kv_heads, head_dim] and slot_mapping: [tokens] int64");
+            }
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = c.WriteSlots(layer, {static_cast<const float*>(k.data()), nk}, {static_cast<const float*>(v.data()), nv},
+                               {static_cast<const int64_t*>(slots.data()), slots.shape(0)});
+            }
+            Check(s);
+          },
+          "layer"_a, "k"_a, "v"_a, "slot_mapping"_a)
+      .def(
+          "dequantize_for_diagnostics",
+          [](const tq::PagedKVCache& c, size_t layer, size_t seq) {
+            const auto& sh = c.config().shape;
+            const size_t n = Take(c.SequenceLength(seq)) * sh.num_kv_heads * sh.head_dim;
+            auto k = NewArray<float>(1, n, false);
+            auto v = NewArray<float>(1, n, false);
+            Check(c.DequantizeForDiagnostics(layer, seq, {k.data(), n}, {v.data(), n}));
+            return std::make_pair(k, v);
+          },
+          "layer"_a, "seq"_a)
+      .def(
+          "decode_attention",
+          [](const tq::PagedKVCache& c, size_t layer, AnyArray q, AnyArray block_tables, AnyArray seq_lens,
+             float scale, size_t threads) {
+            const auto& sh = c.config().shape;
+            const size_t nq = CheckTensor(q, "q", 3, sh.head_dim);
+            CheckInts<int32_t>(block_tables, "block_tables", 2);
+            CheckInts<int32_t>(seq_lens, "seq_lens", 1);
+            if (block_tables.shape(0) != q.shape(0) || seq_lens.shape(0) != q.shape(0)) {
+              throw nb::value_error("q, block_tables and seq_lens must have the same batch size");
+            }
+            tq::PagedLayerView view = Take(c.View(layer));
+            auto out = NewArray<float>(1, nq, false);
+            tq::Status st;
+            {
+              nb::gil_scoped_release release;
+              st = tq::PagedDecodeAttention(
+                  view, q.shape(1), {static_cast<const int32_t*>(block_tables.data()), block_tables.size()},
+                  block_tables.shape(1), {static_cast<const int32_t*>(seq_lens.data()), seq_lens.size()},
+                  {static_cast<const float*>(q.data()), nq}, {out.data(), nq}, {.scale = scale, .threads = threads});
+            }
+            Check(st);
+            return out;
+          },
+          "layer"_a, "q"_a, "block_tables"_a, "seq_lens"_a, nb::kw_only(), "scale"_a = 0.0f, "threads"_a = 1,
+          "q: float32 [batch, num_q_heads, head_dim]; block_tables int32 [batch, max_blocks]; seq_lens int32 [batch].");
 }

@@ -2,6 +2,7 @@
 from ._core import (  # noqa: F401
     Codec,
     KVCache,
+    PagedKVCache,
     TurboQuantError,
     active_simd_target,
     preset_bits_per_value,
@@ -12,6 +13,7 @@ from ._core import (  # noqa: F401
 __all__ = [
     "Codec",
     "KVCache",
+    "PagedKVCache",
     "TurboQuantError",
     "active_simd_target",
     "preset_bits_per_value",
