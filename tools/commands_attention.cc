@@ -280,6 +280,27 @@ struct AttnQualityRow {
   size_t rows = 0;
 };
 
+nlohmann::ordered_json QualityRowsJson(const std::vector<AttnQualityRow>& rows) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& r : rows) {
+    out.push_back({{"preset", r.preset}, {"bits_per_value", r.bits_per_value},
+                   {"output_nmse", r.out_nmse}, {"softmax_kl_mean", r.kl_mean},
+                   {"softmax_kl_max", r.kl_max}, {"top8_overlap", r.top8},
+                   {"rows", r.rows}, {"fast_path_nmse_vs_ref", r.fast_vs_ref}});
+  }
+  return out;
+}
+
+void PrintQualityRows(const std::vector<AttnQualityRow>& rows) {
+  Table t({"preset", "bits/value", "output NMSE", "softmax KL mean (nats)", "KL max", "top-8 overlap",
+           "fast vs ref NMSE"});
+  for (const auto& r : rows) {
+    t.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), Fmt(r.out_nmse, 3), Fmt(r.kl_mean, 3),
+              Fmt(r.kl_max, 3), FmtFixed(r.top8, 3), Fmt(r.fast_vs_ref, 2)});
+  }
+  t.Print(stdout);
+}
+
 // Indices of the k largest weights (ties to the lower index).
 std::vector<size_t> TopK(const double* w, size_t n, size_t k) {
   std::vector<size_t> idx(n);
@@ -596,26 +617,14 @@ void RegisterBenchAttentionQuality(CLI::App& bench) {
         js["layers"] = cap->num_layers();
         js["sequences"] = cap->num_seqs();
         js["tokens"] = tokens;
-        js["results"] = nlohmann::ordered_json::array();
-        for (const auto& r : rows) {
-          js["results"].push_back({{"preset", r.preset}, {"bits_per_value", r.bits_per_value},
-                                   {"output_nmse", r.out_nmse}, {"softmax_kl_mean", r.kl_mean},
-                                   {"softmax_kl_max", r.kl_max}, {"top8_overlap", r.top8},
-                                   {"rows", r.rows}, {"fast_path_nmse_vs_ref", r.fast_vs_ref}});
-        }
+        js["results"] = QualityRowsJson(rows);
         j["sources"].push_back(js);
         if (!a->json) {
           std::printf("\n%s: %zu layers, %zu sequences, %zu tokens, %u query heads / %u KV heads, head_dim %u; "
                       "%zu (query, head) rows per preset, bidirectional (every query sees its whole sequence)\n",
                       path.c_str(), cap->num_layers(), cap->num_seqs(), tokens, cap->num_q_heads,
                       cap->num_kv_heads, cap->head_dim, rows.empty() ? size_t{0} : rows[0].rows);
-          Table t({"preset", "bits/value", "output NMSE", "softmax KL mean (nats)", "KL max", "top-8 overlap",
-                   "fast vs ref NMSE"});
-          for (const auto& r : rows) {
-            t.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), Fmt(r.out_nmse, 3), Fmt(r.kl_mean, 3),
-                      Fmt(r.kl_max, 3), FmtFixed(r.top8, 3), Fmt(r.fast_vs_ref, 2)});
-          }
-          t.Print(stdout);
+          PrintQualityRows(rows);
         }
       }
       if (a->json) std::printf("%s\n", j.dump(2).c_str());
@@ -649,24 +658,12 @@ void RegisterBenchAttentionQuality(CLI::App& bench) {
       }
       nlohmann::ordered_json js;
       js["source"] = src.name;
-      js["results"] = nlohmann::ordered_json::array();
-      for (const auto& r : rows) {
-        js["results"].push_back({{"preset", r.preset}, {"bits_per_value", r.bits_per_value},
-                                 {"output_nmse", r.out_nmse}, {"softmax_kl_mean", r.kl_mean},
-                                 {"softmax_kl_max", r.kl_max}, {"top8_overlap", r.top8},
-                                 {"rows", r.rows}, {"fast_path_nmse_vs_ref", r.fast_vs_ref}});
-      }
+      js["results"] = QualityRowsJson(rows);
       j["sources"].push_back(js);
       if (!a->json) {
         std::printf("\n%s: %zu (query, head) rows per preset, queries at positions [T/2, T), causal\n",
                     src.name.c_str(), rows.empty() ? size_t{0} : rows[0].rows);
-        Table t({"preset", "bits/value", "output NMSE", "softmax KL mean (nats)", "KL max", "top-8 overlap",
-                 "fast vs ref NMSE"});
-        for (const auto& r : rows) {
-          t.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), Fmt(r.out_nmse, 3), Fmt(r.kl_mean, 3),
-                    Fmt(r.kl_max, 3), FmtFixed(r.top8, 3), Fmt(r.fast_vs_ref, 2)});
-        }
-        t.Print(stdout);
+        PrintQualityRows(rows);
       }
     }
     progress.Done();

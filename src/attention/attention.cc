@@ -202,8 +202,21 @@ struct Problem {
   std::vector<size_t> qpos0;    // [b]
   const float* q = nullptr;     // [b][nq][Hq][d]
   float* out = nullptr;
-  bool prefill = false;
 };
+
+// The shape part of a problem; callers add heads, positions and pointers.
+Problem MakeProblem(size_t batch, size_t num_kv_heads, size_t num_q_heads, size_t head_dim,
+                    size_t nq, Fmt dense_fmt) {
+  Problem pb;
+  pb.batch = batch;
+  pb.num_kv_heads = num_kv_heads;
+  pb.group = num_q_heads / num_kv_heads;
+  pb.head_dim = head_dim;
+  pb.nq = nq;
+  pb.dense_fmt = dense_fmt;
+  pb.heads.resize(batch * num_kv_heads);
+  return pb;
+}
 
 Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* report) {
   const size_t B = pb.batch, H = pb.num_kv_heads, G = pb.group, d = pb.head_dim, nq = pb.nq;
@@ -417,6 +430,27 @@ Status CheckQ(std::span<const float> q, std::span<float> out, size_t rows, size_
   return Status::Ok();
 }
 
+// Number of prefill queries in q ([n][num_q_heads][head_dim]) after checking
+// that they fit the `tokens` already stored (what names the caller, holder
+// the storage in the message).
+Result<size_t> PrefillQueries(std::span<const float> q, std::span<float> out, size_t num_q_heads,
+                              size_t d, size_t query_start, size_t tokens, const char* what,
+                              const std::string& holder, const std::string& hint) {
+  const size_t per_query = num_q_heads * d;
+  if (q.empty() || q.size() % per_query != 0) {
+    return InvalidArgumentError(std::string(what) + ": q has " + Str(q.size()) +
+                                " floats, not a positive multiple of num_q_heads x head_dim = " +
+                                Str(per_query));
+  }
+  const size_t n = q.size() / per_query;
+  if (query_start + n > tokens) {
+    return OutOfRangeError(std::string(what) + ": queries at positions " + Str(query_start) + ".." +
+                           Str(query_start + n - 1) + " but " + holder + " " + Str(tokens) + " tokens" + hint);
+  }
+  TQ_RETURN_IF_ERROR(CheckQ(q, out, n, num_q_heads, d, what));
+  return n;
+}
+
 Status CheckHeads(size_t num_q_heads, size_t num_kv_heads, const char* what) {
   if (num_kv_heads == 0) return InvalidArgumentError(std::string(what) + ": no KV heads");
   if (num_q_heads / num_kv_heads > 256) {
@@ -527,13 +561,7 @@ Status DecodeAttention(std::span<const KVLayerView> views, size_t num_q_heads,
     }
   }
   TQ_RETURN_IF_ERROR(CheckQ(q, out, views.size(), num_q_heads, d, "DecodeAttention"));
-  Problem pb;
-  pb.batch = views.size();
-  pb.num_kv_heads = H;
-  pb.group = num_q_heads / H;
-  pb.head_dim = d;
-  pb.dense_fmt = DenseFmtOf(views[0].dense_type);
-  pb.heads.resize(pb.batch * H);
+  Problem pb = MakeProblem(views.size(), H, num_q_heads, d, 1, DenseFmtOf(views[0].dense_type));
   std::vector<std::unique_ptr<Comp>> comps;
   for (size_t b = 0; b < views.size(); ++b) {
     TQ_RETURN_IF_ERROR(BuildKVHeads(views[b], b, &comps, &pb));
@@ -554,28 +582,11 @@ Status PrefillAttention(const KVLayerView& view, size_t num_q_heads, size_t quer
   if (view.key_codecs.size() != H || view.value_codecs.size() != H) {
     return InvalidArgumentError("PrefillAttention: view lacks codecs for its heads");
   }
-  const size_t per_query = num_q_heads * d;
-  if (q.size() % per_query != 0 || q.empty()) {
-    return InvalidArgumentError("PrefillAttention: q has " + Str(q.size()) +
-                                " floats, not a positive multiple of num_q_heads x head_dim = " +
-                                Str(per_query));
-  }
-  const size_t n = q.size() / per_query;
-  if (query_start + n > view.length()) {
-    return OutOfRangeError("PrefillAttention: queries at positions " + Str(query_start) + ".." +
-                           Str(query_start + n - 1) + " but the cache holds " + Str(view.length()) +
-                           " tokens (append the chunk's keys and values first)");
-  }
-  TQ_RETURN_IF_ERROR(CheckQ(q, out, n, num_q_heads, d, "PrefillAttention"));
-  Problem pb;
-  pb.batch = 1;
-  pb.num_kv_heads = H;
-  pb.group = num_q_heads / H;
-  pb.head_dim = d;
-  pb.nq = n;
-  pb.prefill = true;
-  pb.dense_fmt = DenseFmtOf(view.dense_type);
-  pb.heads.resize(H);
+  TQ_ASSIGN_OR_RETURN(const size_t n,
+                      PrefillQueries(q, out, num_q_heads, d, query_start, view.length(),
+                                     "PrefillAttention", "the cache holds",
+                                     " (append the chunk's keys and values first)"));
+  Problem pb = MakeProblem(1, H, num_q_heads, d, n, DenseFmtOf(view.dense_type));
   std::vector<std::unique_ptr<Comp>> comps;
   TQ_RETURN_IF_ERROR(BuildKVHeads(view, 0, &comps, &pb));
   pb.qpos0.push_back(query_start);
@@ -605,12 +616,7 @@ Status PagedDecodeAttention(const PagedLayerView& view, size_t num_q_heads,
   // The pool size is not in the view; the largest page id any row of the
   // planes can address is bounded by the caller's cache. Page ids must be >= 0.
   TQ_RETURN_IF_ERROR(CheckQ(q, out, B, num_q_heads, d, "PagedDecodeAttention"));
-  Problem pb;
-  pb.batch = B;
-  pb.num_kv_heads = H;
-  pb.group = num_q_heads / H;
-  pb.head_dim = d;
-  pb.heads.resize(B * H);
+  Problem pb = MakeProblem(B, H, num_q_heads, d, 1, Fmt::kF16);
   std::vector<std::unique_ptr<Comp>> comps;
   std::vector<const Comp*> kcs(H), vcs(H);
   for (size_t h = 0; h < H; ++h) {
@@ -727,13 +733,7 @@ Status DenseDecodeAttention(std::span<const DenseKVView> seqs, size_t num_q_head
     }
   }
   TQ_RETURN_IF_ERROR(CheckQ(q, out, seqs.size(), num_q_heads, d, "DenseDecodeAttention"));
-  Problem pb;
-  pb.batch = seqs.size();
-  pb.num_kv_heads = H;
-  pb.group = num_q_heads / H;
-  pb.head_dim = d;
-  pb.dense_fmt = DenseFmt(seqs[0].dtype);
-  pb.heads.resize(pb.batch * H);
+  Problem pb = MakeProblem(seqs.size(), H, num_q_heads, d, 1, DenseFmt(seqs[0].dtype));
   for (size_t b = 0; b < seqs.size(); ++b) {
     TQ_RETURN_IF_ERROR(BuildDense(seqs[b], b, &pb, "DenseDecodeAttention"));
     pb.qpos0.push_back(seqs[b].tokens - 1);
@@ -749,27 +749,9 @@ Status DensePrefillAttention(const DenseKVView& kv, size_t num_q_heads, size_t q
   const size_t H = kv.num_kv_heads, d = kv.head_dim;
   TQ_RETURN_IF_ERROR(CheckHeads(num_q_heads, H, "DensePrefillAttention"));
   if (d == 0) return InvalidArgumentError("DensePrefillAttention: head_dim is 0");
-  const size_t per_query = num_q_heads * d;
-  if (q.empty() || q.size() % per_query != 0) {
-    return InvalidArgumentError("DensePrefillAttention: q has " + Str(q.size()) +
-                                " floats, not a positive multiple of num_q_heads x head_dim = " +
-                                Str(per_query));
-  }
-  const size_t n = q.size() / per_query;
-  if (query_start + n > kv.tokens) {
-    return OutOfRangeError("DensePrefillAttention: queries at positions " + Str(query_start) + ".." +
-                           Str(query_start + n - 1) + " but K/V hold " + Str(kv.tokens) + " tokens");
-  }
-  TQ_RETURN_IF_ERROR(CheckQ(q, out, n, num_q_heads, d, "DensePrefillAttention"));
-  Problem pb;
-  pb.batch = 1;
-  pb.num_kv_heads = H;
-  pb.group = num_q_heads / H;
-  pb.head_dim = d;
-  pb.nq = n;
-  pb.prefill = true;
-  pb.dense_fmt = DenseFmt(kv.dtype);
-  pb.heads.resize(H);
+  TQ_ASSIGN_OR_RETURN(const size_t n, PrefillQueries(q, out, num_q_heads, d, query_start, kv.tokens,
+                                                     "DensePrefillAttention", "K/V hold", ""));
+  Problem pb = MakeProblem(1, H, num_q_heads, d, n, DenseFmt(kv.dtype));
   TQ_RETURN_IF_ERROR(BuildDense(kv, 0, &pb, "DensePrefillAttention"));
   pb.qpos0.push_back(query_start);
   pb.q = q.data();

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <hwy/contrib/math/math-inl.h>
@@ -831,27 +832,6 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
 }
 
-template <size_t NR>
-HWY_INLINE void ScoreN(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                       attn::Row* const* rs, float* const* lg, AScratch& scr, size_t n) {
-  if constexpr (NR == 0) {
-    (void)ctx; (void)s; (void)a; (void)b; (void)rs; (void)lg; (void)scr; (void)n;
-  } else {
-    if (n == NR) return ScoreGroup<NR>(ctx, s, a, b, rs, lg, scr);
-    return ScoreN<NR - 1>(ctx, s, a, b, rs, lg, scr, n);
-  }
-}
-template <size_t NR>
-HWY_INLINE void AccumN(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                       attn::Row* const* rs, float* const* w, AScratch& scr, size_t n) {
-  if constexpr (NR == 0) {
-    (void)ctx; (void)s; (void)a; (void)b; (void)rs; (void)w; (void)scr; (void)n;
-  } else {
-    if (n == NR) return AccumGroup<NR>(ctx, s, a, b, rs, w, scr);
-    return AccumN<NR - 1>(ctx, s, a, b, rs, w, scr, n);
-  }
-}
-
 // Prefill tiles: when many query rows share a tile, its keys and values are
 // decoded once into fp32 rows (bounded workspace: kTile rows) and every row
 // group reads those. Dense rows are converted; fast-MSE rows become
@@ -897,6 +877,34 @@ HWY_NOINLINE void DecodeDenseTile(Fmt f, const uint8_t* p0, size_t stride, size_
     size_t j = 0;
     for (; j + kL <= d; j += kL) hn::StoreU(LoadDense(f, p, j), df, out + t * d + j);
     for (; j < d; ++j) out[t * d + j] = DenseScalar(f, p, j);
+  }
+}
+
+// Decodes rows [t, t + n) of one component of segment s into out ([n][d] fp32):
+// fast-MSE rows (compressed) or dense rows.
+HWY_INLINE void DecodeTile(const attn::Task& task, const attn::Comp* c, const Lut* luts,
+                           const attn::Seg& s, bool keys, size_t t, size_t n, float* out,
+                           AScratch& scr) {
+  const uint8_t* p = keys ? s.k : s.v;
+  const size_t stride = keys ? s.k_stride : s.v_stride;
+  if (s.compressed) {
+    const uint8_t* m = keys ? s.km : s.vm;
+    const size_t mstride = keys ? s.km_stride : s.vm_stride;
+    DecodeMseTile(*c->groups[0].plan, luts, p + t * stride, stride, m + t * mstride, mstride, n,
+                  out, scr);
+  } else {
+    DecodeDenseTile(task.dense_fmt, p + t * stride, stride, n, task.d, out);
+  }
+}
+
+// Calls f(std::integral_constant<size_t, NR>) for NR = nr (1..kGroup).
+template <class F>
+HWY_INLINE void WithRows(size_t nr, F&& f) {
+  switch (nr) {
+    case 4: return f(std::integral_constant<size_t, 4>());
+    case 3: return f(std::integral_constant<size_t, 3>());
+    case 2: return f(std::integral_constant<size_t, 2>());
+    default: return f(std::integral_constant<size_t, 1>());
   }
 }
 
@@ -973,14 +981,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       const bool v_tile = many && (!s.compressed || task.vc->fast_mse);
       if (k_tile) {
         scr.ktile.resize(n * d);
-        if (s.compressed) {
-          DecodeMseTile(*task.kc->groups[0].plan, kctx.luts[0], s.k + (pa - s.pos0) * s.k_stride,
-                        s.k_stride, s.km + (pa - s.pos0) * s.km_stride, s.km_stride, n,
-                        scr.ktile.data(), scr);
-        } else {
-          DecodeDenseTile(task.dense_fmt, s.k + (pa - s.pos0) * s.k_stride, s.k_stride, n, d,
-                          scr.ktile.data());
-        }
+        DecodeTile(task, task.kc, kctx.luts[0], s, true, pa - s.pos0, n, scr.ktile.data(), scr);
         attn::Seg ts;
         ts.count = n;
         ts.k = reinterpret_cast<const uint8_t*>(scr.ktile.data());
@@ -994,17 +995,12 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
             q[r] = s.compressed ? act[g0 + r]->qrot : act[g0 + r]->q;
             koff[r] = s.compressed ? act[g0 + r]->koff : 0.0f;
           }
-          switch (nr) {
-            case 4: ScoreDecoded<4>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
-            case 3: ScoreDecoded<3>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
-            case 2: ScoreDecoded<2>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
-            default: ScoreDecoded<1>(f32, ts, 0, n, d, q, koff, lg + g0, scr); break;
-          }
+          WithRows(nr, [&](auto NR) { ScoreDecoded<NR()>(f32, ts, 0, n, d, q, koff, lg + g0, scr); });
         }
       } else {
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
-          ScoreN<kGroup>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+          WithRows(nr, [&](auto NR) { ScoreGroup<NR()>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr); });
         }
       }
       // Mask, soft-cap, online softmax.
@@ -1080,14 +1076,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       }
       if (v_tile) {
         scr.vtile.resize(n * d);
-        if (s.compressed) {
-          DecodeMseTile(*task.vc->groups[0].plan, vctx.luts[0], s.v + (pa - s.pos0) * s.v_stride,
-                        s.v_stride, s.vm + (pa - s.pos0) * s.vm_stride, s.vm_stride, n,
-                        scr.vtile.data(), scr);
-        } else {
-          DecodeDenseTile(task.dense_fmt, s.v + (pa - s.pos0) * s.v_stride, s.v_stride, n, d,
-                          scr.vtile.data());
-        }
+        DecodeTile(task, task.vc, vctx.luts[0], s, false, pa - s.pos0, n, scr.vtile.data(), scr);
         attn::Seg ts;
         ts.count = n;
         ts.v = reinterpret_cast<const uint8_t*>(scr.vtile.data());
@@ -1104,12 +1093,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
-          switch (nr) {
-            case 4: AccumDecoded<4>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
-            case 3: AccumDecoded<3>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
-            case 2: AccumDecoded<2>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
-            default: AccumDecoded<1>(f32, ts, 0, n, d, act + g0, lg + g0, scr); break;
-          }
+          WithRows(nr, [&](auto NR) { AccumDecoded<NR()>(f32, ts, 0, n, d, act + g0, lg + g0, scr); });
         }
         if (s.compressed) {
           for (size_t r = 0; r < nact; ++r) std::swap(act[r]->acc, act[r]->accr);
@@ -1117,7 +1101,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       } else {
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
-          AccumN<kGroup>(vctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr, nr);
+          WithRows(nr, [&](auto NR) { AccumGroup<NR()>(vctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr); });
         }
       }
     }
