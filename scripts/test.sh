@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds turboquant and runs the whole test suite (the README's second command;
-# .ci/run calls exactly this). Installs missing Debian packages first (root).
-#   TQ_TEST_LABELS=unit ./scripts/test.sh   runs only tests with that label.
+# .ci/run calls exactly this). Installs missing Debian packages first (root),
+# and, for step 3, missing Python packages from PyPI
+# (scripts/install-python-deps.sh, idempotent).
+#   TQ_TEST_LABELS=unit ./scripts/test.sh   runs only C++ tests with that label.
+#   TQ_SKIP_PYTHON=1 ./scripts/test.sh      skips step 3 (the Python package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +24,17 @@ ctest --preset release -j "$jobs" "${label_args[@]}"
 cmake --preset clang
 cmake --build --preset clang -j "$jobs" --target golden_test simd_test
 ctest --test-dir build/clang --output-on-failure -R '^(golden_test|simd_test)$'
+
+# 3. Python package (python/, docs/PYTHON.md): install numpy, torch,
+#    transformers, nanobind, scikit-build-core and pytest from PyPI when
+#    missing, build and install the extension (its CMake build directory
+#    build/python-<tag> is kept, so a second run recompiles only what changed)
+#    and run its tests: bindings, the HuggingFace cache and attention function
+#    on small random-weight Llama/Qwen2 models, the vLLM-compatible layer.
+if [ -z "${TQ_SKIP_PYTHON:-}" ]; then
+  PYTHON="${PYTHON:-python3}"
+  PYTHON="$PYTHON" ./scripts/install-python-deps.sh
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$PYTHON" -m pip install --disable-pip-version-check \
+    --no-build-isolation --no-deps ./python
+  "$PYTHON" -m pytest python/tests -q
+fi

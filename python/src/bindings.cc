@@ -8,7 +8,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/optional.h>
 
+#include <map>
 #include <span>
 #include <string>
 
@@ -142,9 +146,34 @@ size_t CheckTensor(const AnyArray& a, const char* name, size_t ndim, size_t head
   return a.size();
 }
 
+tq::Half16 ParseHalf(const std::string& s) {
+  if (s == "f16") return tq::Half16::kF16;
+  if (s == "bf16") return tq::Half16::kBF16;
+  throw nb::value_error(("dense_type must be 'f16' or 'bf16', got '" + s + "'").c_str());
+}
+
+nb::dict LedgerDict(const tq::KVLedger& l) {
+  nb::dict d;
+  d["payload"] = l.payload;
+  d["metadata"] = l.metadata;
+  d["means"] = l.means;
+  d["codec_state"] = l.codec_state;
+  d["sinks"] = l.sinks;
+  d["recent"] = l.recent;
+  d["slack"] = l.slack;
+  d["workspace"] = l.workspace;
+  d["tokens"] = l.tokens;
+  d["head_dim"] = l.head_dim;
+  d["total"] = l.total();
+  d["fp16_bytes"] = l.fp16_bytes();
+  return d;
+}
+
 tq::KVCache MakeCache(size_t num_layers, size_t num_kv_heads, size_t head_dim, const std::string& preset,
                       size_t max_sequences, size_t recent_window, size_t sink_tokens,
-                      size_t compress_chunk, bool center_keys, bool center_values, uint64_t seed) {
+                      size_t compress_chunk, bool center_keys, bool center_values, uint64_t seed,
+                      const std::string& dense_type, size_t dense_first_layers, size_t dense_last_layers,
+                      const std::string& boundary_preset, const std::map<size_t, std::string>& layer_presets) {
   tq::KVCacheConfig config;
   config.shape = {.num_layers = num_layers, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
   config.max_sequences = max_sequences;
@@ -155,17 +184,28 @@ tq::KVCache MakeCache(size_t num_layers, size_t num_kv_heads, size_t head_dim, c
   config.policy.center_keys = center_keys;
   config.policy.center_values = center_values;
   config.policy.seed = seed;
+  config.policy.dense_type = ParseHalf(dense_type);
+  config.policy.dense_first_layers = dense_first_layers;
+  config.policy.dense_last_layers = dense_last_layers;
+  config.policy.boundary_preset = boundary_preset;
+  config.policy.layer_presets = layer_presets;
   return Take(tq::KVCache::Create(config));
 }
 
 tq::PagedKVCache MakePaged(size_t num_layers, size_t num_kv_heads, size_t head_dim, size_t num_blocks,
-                           size_t block_size, const std::string& preset, uint64_t seed) {
+                           size_t block_size, const std::string& preset, uint64_t seed,
+                           size_t dense_first_layers, size_t dense_last_layers,
+                           const std::string& boundary_preset, const std::map<size_t, std::string>& layer_presets) {
   tq::PagedKVCacheConfig config;
   config.shape = {.num_layers = num_layers, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
   config.num_blocks = num_blocks;
   config.block_size = block_size;
   config.preset = preset;
   config.policy.seed = seed;
+  config.policy.dense_first_layers = dense_first_layers;
+  config.policy.dense_last_layers = dense_last_layers;
+  config.policy.boundary_preset = boundary_preset;
+  config.policy.layer_presets = layer_presets;
   return Take(tq::PagedKVCache::Create(config));
 }
 
@@ -275,8 +315,18 @@ NB_MODULE(_core, m) {
   nb::class_<tq::KVCache>(m, "KVCache")
       .def(nb::new_(&MakeCache), "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, nb::kw_only(),
            "preset"_a = "k4_v4", "max_sequences"_a = 1, "recent_window"_a = 128, "sink_tokens"_a = 4,
-           "compress_chunk"_a = 32, "center_keys"_a = true, "center_values"_a = false, "seed"_a = 0)
+           "compress_chunk"_a = 32, "center_keys"_a = true, "center_values"_a = false, "seed"_a = 0,
+           "dense_type"_a = "f16", "dense_first_layers"_a = 0, "dense_last_layers"_a = 0,
+           "boundary_preset"_a = "k16_v16", "layer_presets"_a = std::map<size_t, std::string>{})
       .def("layer_preset", &tq::KVCache::layer_preset, "layer"_a)
+      .def_prop_ro("num_layers", [](const tq::KVCache& c) { return c.config().shape.num_layers; })
+      .def_prop_ro("num_kv_heads", [](const tq::KVCache& c) { return c.config().shape.num_kv_heads; })
+      .def_prop_ro("head_dim", [](const tq::KVCache& c) { return c.config().shape.head_dim; })
+      .def_prop_ro("max_sequences", [](const tq::KVCache& c) { return c.config().max_sequences; })
+      .def("ledger", [](const tq::KVCache& c) { return LedgerDict(c.Ledger()); },
+           "Exact bytes by content (payload, metadata, sinks, recent, ...; total, fp16_bytes).")
+      .def("fork", [](tq::KVCache& c, size_t src, size_t dst) { Check(c.Fork(src, dst)); }, "src"_a, "dst"_a)
+      .def("free", [](tq::KVCache& c, size_t seq) { Check(c.Free(seq)); }, "seq"_a)
       .def("length", &tq::KVCache::length, "layer"_a, "seq"_a)
       .def_prop_ro("allocated_bytes", &tq::KVCache::AllocatedBytes)
       .def(
@@ -311,7 +361,7 @@ NB_MODULE(_core, m) {
       .def(
           "decode_attention",
           [](const tq::KVCache& c, size_t layer, std::vector<size_t> seqs, AnyArray q, float scale,
-             size_t threads) {
+             float softcap, size_t window, size_t threads) {
             const auto& sh = c.config().shape;
             const size_t nq = CheckTensor(q, "q", 3, sh.head_dim);
             if (q.shape(0) != seqs.size()) {
@@ -325,18 +375,68 @@ NB_MODULE(_core, m) {
             {
               nb::gil_scoped_release release;
               st = tq::DecodeAttention(views, q.shape(1), {static_cast<const float*>(q.data()), nq},
-                                       {out.data(), nq}, {.scale = scale, .threads = threads});
+                                       {out.data(), nq},
+                                       {.scale = scale, .softcap = softcap, .window = window, .threads = threads});
             }
             Check(st);
             return out;
           },
-          "layer"_a, "seqs"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "threads"_a = 1,
-          "q: float32 [len(seqs), num_q_heads, head_dim] -> flat output of the same size.");
+          "layer"_a, "seqs"_a, "q"_a, nb::kw_only(), "scale"_a = 0.0f, "softcap"_a = 0.0f, "window"_a = 0,
+          "threads"_a = 1,
+          "q: float32 [len(seqs), num_q_heads, head_dim] -> flat output of the same size.")
+      .def(
+          "prefill_attention",
+          [](const tq::KVCache& c, size_t layer, size_t seq, AnyArray q, size_t query_start, float scale,
+             float softcap, size_t window, size_t threads) {
+            const auto& sh = c.config().shape;
+            const size_t nq = CheckTensor(q, "q", 3, sh.head_dim);
+            tq::KVLayerView view = Take(c.View(layer, seq));
+            auto out = NewArray<float>(1, nq, false);
+            tq::Status st;
+            {
+              nb::gil_scoped_release release;
+              st = tq::PrefillAttention(view, q.shape(1), query_start, {static_cast<const float*>(q.data()), nq},
+                                        {out.data(), nq},
+                                        {.scale = scale, .softcap = softcap, .window = window, .threads = threads});
+            }
+            Check(st);
+            return out;
+          },
+          "layer"_a, "seq"_a, "q"_a, nb::kw_only(), "query_start"_a, "scale"_a = 0.0f, "softcap"_a = 0.0f,
+          "window"_a = 0, "threads"_a = 1,
+          "Causal (chunked) prefill via tq::PrefillAttention. q: float32 [n, num_q_heads, head_dim], queries at "
+          "positions query_start .. query_start+n-1 (already appended) -> flat output of the same size.");
 
   nb::class_<tq::PagedKVCache>(m, "PagedKVCache")
       .def(nb::new_(&MakePaged), "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, nb::kw_only(),
-           "num_blocks"_a, "block_size"_a = 16, "preset"_a = "k4_v4", "seed"_a = 0)
+           "num_blocks"_a, "block_size"_a = 16, "preset"_a = "k4_v4", "seed"_a = 0, "dense_first_layers"_a = 0,
+           "dense_last_layers"_a = 0, "boundary_preset"_a = "k16_v16",
+           "layer_presets"_a = std::map<size_t, std::string>{})
       .def_prop_ro("capacity_slots", &tq::PagedKVCache::capacity_slots)
+      .def_prop_ro("num_layers", [](const tq::PagedKVCache& c) { return c.config().shape.num_layers; })
+      .def_prop_ro("num_kv_heads", [](const tq::PagedKVCache& c) { return c.config().shape.num_kv_heads; })
+      .def_prop_ro("head_dim", [](const tq::PagedKVCache& c) { return c.config().shape.head_dim; })
+      .def_prop_ro("block_size", [](const tq::PagedKVCache& c) { return c.config().block_size; })
+      .def_prop_ro("num_blocks", [](const tq::PagedKVCache& c) { return c.config().num_blocks; })
+      .def_prop_ro("allocated_bytes", &tq::PagedKVCache::AllocatedBytes)
+      .def("ledger", [](const tq::PagedKVCache& c) { return LedgerDict(c.Ledger()); })
+      .def("fork", [](tq::PagedKVCache& c, size_t seq) { return Take(c.Fork(seq)); }, "seq"_a)
+      .def("free_sequence", [](tq::PagedKVCache& c, size_t seq) { Check(c.FreeSequence(seq)); }, "seq"_a)
+      .def(
+          "set_means",
+          [](tq::PagedKVCache& c, size_t layer, std::optional<AnyArray> km, std::optional<AnyArray> vm) {
+            const auto& sh = c.config().shape;
+            std::span<const float> ks, vs;
+            if (km) ks = {static_cast<const float*>(km->data()), CheckTensor(*km, "key_mean", 2, sh.head_dim)};
+            if (vm) vs = {static_cast<const float*>(vm->data()), CheckTensor(*vm, "value_mean", 2, sh.head_dim)};
+            Check(c.SetMeans(layer, ks, vs));
+          },
+          "layer"_a, "key_mean"_a.none() = nb::none(), "value_mean"_a.none() = nb::none(),
+          "Calibrated centering means, float32 [num_kv_heads, head_dim] each (None = not centered).")
+      .def("layer_preset", [](const tq::PagedKVCache& c, size_t layer) {
+             const auto& cfg = c.config();
+             return tq::PresetForLayer(cfg.policy, cfg.preset, layer, cfg.shape.num_layers);
+           }, "layer"_a)
       .def_prop_ro("free_blocks", &tq::PagedKVCache::free_blocks)
       .def("add_sequence", [](tq::PagedKVCache& c) { return Take(c.AddSequence()); })
       .def("reserve_slots", [](tq::PagedKVCache& c, size_t seq, size_t tokens) { return Take(c.ReserveSlots(seq, tokens)); },

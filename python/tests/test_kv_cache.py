@@ -63,3 +63,49 @@ def test_torch_tensors_in_cache():
     cache.append(0, 0, k, torch.randn(40, 1, 32))
     out = cache.decode_attention(0, [0], torch.randn(1, 2, 32))
     assert out.shape == (64,) and np.isfinite(out).all()
+
+
+def causal_ref(q, k, v, scale, query_start):
+    # q [n, qh, d] at positions query_start.., k/v [L, kvh, d] -> [n, qh, d] fp64
+    out = np.zeros(q.shape)
+    for i in range(q.shape[0]):
+        pos = query_start + i
+        out[i] = ref_attention(q[i], k[: pos + 1], v[: pos + 1], scale)
+    return out
+
+
+@pytest.mark.parametrize("preset", ["k4_v4", "k8_v4", "turboquant35"])
+def test_prefill_attention_matches_causal_reference(preset):
+    kvh, qh, d, n = 2, 4, 64, 90
+    cache = tq.KVCache(1, kvh, d, preset=preset, recent_window=16, sink_tokens=2, compress_chunk=8)
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((n, kvh, d), dtype=np.float32)
+    v = rng.standard_normal((n, kvh, d), dtype=np.float32)
+    cache.append(0, 0, k, v)
+    kd, vd = (a.reshape(n, kvh, d) for a in cache.dequantize_for_diagnostics(0, 0))
+    # the history really is compressed (decoded keys differ from the inputs)
+    assert np.abs(kd[10:60] - k[10:60]).max() > 1e-3
+    # whole prefill, then a chunk of the last 30 queries (chunked prefill)
+    q = rng.standard_normal((n, qh, d), dtype=np.float32)
+    for start in (0, 60):
+        qs = np.ascontiguousarray(q[start:])
+        out = cache.prefill_attention(0, 0, qs, query_start=start, scale=0.1).reshape(qs.shape)
+        ref = causal_ref(qs, kd, vd, 0.1, start)
+        assert np.sum((out - ref) ** 2) / np.sum(ref ** 2) <= 1e-6
+    with pytest.raises(ValueError):
+        cache.prefill_attention(0, 0, np.ascontiguousarray(q[:10]), query_start=n - 5)
+
+
+def test_layer_presets_and_ledger():
+    cache = tq.KVCache(3, 2, 64, preset="k4_v4", dense_first_layers=1, boundary_preset="k8_v8",
+                       layer_presets={2: "k3_v3"}, recent_window=0, sink_tokens=0)
+    assert [cache.layer_preset(i) for i in range(3)] == ["k8_v8", "k4_v4", "k3_v3"]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 2, 64), dtype=np.float32)
+    cache.append(1, 0, x, x)
+    led = cache.ledger()
+    assert led["tokens"] == 64 * 2 and led["total"] == cache.allocated_bytes
+    assert led["fp16_bytes"] == 64 * 2 * 64 * 4
+    assert led["payload"] == 64 * 2 * 64 * (4 + 4) // 8
+    with pytest.raises(ValueError, match="dense_type"):
+        tq.KVCache(1, 1, 64, dense_type="f32")
