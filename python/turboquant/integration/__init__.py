@@ -1,1 +1,4 @@
-"""Framework integration helpers (HuggingFace / vLLM layers are not built yet)."""
+"""Framework integrations: `common` (config, policy, errors, backends), `hf`
+(HuggingFace transformers cache + attention function; imports torch and
+transformers) and `vllm` (vLLM-compatible paged layer, recipes, hooks;
+imports torch). Import the submodules explicitly."""
