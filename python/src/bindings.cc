@@ -246,6 +246,35 @@ NB_MODULE(_core, m) {
       },
       "preset"_a, "head_dim"_a);
 
+  m.def(
+      "preset_row_layout",
+      [](const std::string& name, size_t head_dim) {
+        auto p = Take(tq::GetKVPreset(name));
+        nb::dict d;
+        for (int role = 0; role < 2; ++role) {
+          const tq::KVFormat& f = role == 0 ? p.key : p.value;
+          tq::StreamId stream{.role = role == 0 ? tq::Role::kKey : tq::Role::kValue};
+          auto c = Take(tq::KVRowCodec::Create(f, head_dim, stream));
+          const std::string prefix = role == 0 ? "key_" : "value_";
+          d[(prefix + "format").c_str()] = tq::ToString(f);
+          d[(prefix + "payload_bytes").c_str()] = c.payload_bytes();
+          d[(prefix + "meta_bytes").c_str()] = c.meta_bytes();
+          d[(prefix + "split").c_str()] = f.kind == tq::KVFormatKind::kTurboSplit;
+        }
+        return d;
+      },
+      "preset"_a, "head_dim"_a,
+      "Row layout of a preset at head_dim: per component format name, payload and metadata bytes.");
+  m.def(
+      "choose_outlier_channels",
+      [](AnyArray calibration, size_t dim, size_t count) {
+        const size_t rows = CheckMatrix<float>(calibration, "calibration", dim, false);
+        return Take(tq::ChooseOutlierChannels({static_cast<const float*>(calibration.data()), rows * dim}, dim, count));
+      },
+      "calibration"_a, "dim"_a, "count"_a,
+      "tq::ChooseOutlierChannels: the `count` channels of largest mean energy E[x_j^2] over the rows "
+      "(float32 [rows, dim]), ascending; ties go to the lower index.");
+
   nb::class_<tq::Codec>(m, "Codec")
       .def(nb::new_(&MakeCodec), "dim"_a, "bits"_a, nb::kw_only(), "kind"_a = "mse",
            "rotation"_a = "block", "seed"_a = 0, "layer"_a = 0, "head"_a = 0, "role"_a = "vector",
