@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "index/engine.h"
 #include "index/fastscan.h"
 #include "tq/codec.h"
 #include "tq/format.h"
+#include "tq/index.h"
 #include "tq/random.h"
 
 namespace tq::index_internal {
@@ -235,6 +237,101 @@ TEST(FastScanKernel, EveryTargetEqualsReference) {
         const bool flag = (dim + nq) % 2 == 0;
         CheckTargetsAgainstRef(dim, bits, nq == 2 ? 1 : 3, nq, flag, !flag, nq != 3);
       }
+    }
+  }
+}
+
+// FlatIndex::Add's fused build (BuildGroup: cosine, Haar, scales none) against
+// its general path (codec Encode + WriteAt) on every target: the same file
+// bytes, the same derived scales (Reconstruct, bit for bit), the same
+// originals, with adds that start and end inside groups, rows of extreme
+// magnitude, both norm-correction settings and every fast-scan bit width;
+// and the same errors (first bad row) with the store left unchanged.
+TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
+  RestoreTarget restore;
+  struct Reset {
+    ~Reset() { SetFusedBuildForTest(true); }
+  } reset;
+  for (size_t dim : {100, 36, 7}) {
+    const size_t n = 150;
+    std::vector<float> x(n * dim);
+    GaussianStream gs(dim);
+    for (float& v : x) v = static_cast<float>(gs.Next());
+    for (size_t j = 0; j < dim; ++j) {
+      x[3 * dim + j] *= 1e-30f;  // tiny but normal
+      x[4 * dim + j] *= 1e30f;   // large: double sums of squares
+      x[5 * dim + j] = j == 1 ? 1e-40f : 0.0f;  // one subnormal coordinate
+    }
+    for (int bits = 1; bits <= 4; ++bits) {
+      for (bool nc : {true, false}) {
+        IndexSpec spec{.dim = dim, .bits = bits, .metric = Metric::kCosine,
+                       .rotation = RotationKind::kHaar, .scales = IndexScales::kNone,
+                       .norm_correction = nc, .store_originals = bits == 2, .seed = 3};
+        auto build = [&](bool fused) {
+          SetFusedBuildForTest(fused);
+          auto index = FlatIndex::Create(spec);
+          EXPECT_TRUE(index.ok()) << index.status().ToString();
+          const size_t cuts[] = {0, 5, 45, 101, n};  // 5, 40, 56, 49 rows
+          for (size_t c = 0; c + 1 < 5; ++c) {
+            std::span<const float> part(x.data() + cuts[c] * dim, (cuts[c + 1] - cuts[c]) * dim);
+            Status st = index->Add(part, {}, {.threads = c % 2 ? 2u : 1u});
+            EXPECT_TRUE(st.ok()) << st.ToString();
+          }
+          return std::move(index).value();
+        };
+        FlatIndex want = build(false);
+        const std::vector<uint8_t> want_file = want.Serialize();
+        std::vector<float> want_rec(n * dim);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(want.Reconstruct(static_cast<int64_t>(i),
+                                       std::span<float>(want_rec.data() + i * dim, dim)).ok());
+        }
+        for (int64_t target : ScanTargets()) {
+          ForceScanTarget(target);
+          FlatIndex got = build(true);
+          const std::string where = std::string(ScanTargetName(target)) + " dim " +
+                                    std::to_string(dim) + " bits " + std::to_string(bits) +
+                                    " nc " + std::to_string(nc);
+          EXPECT_EQ(got.Serialize(), want_file) << where;
+          std::vector<float> rec(dim);
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_TRUE(got.Reconstruct(static_cast<int64_t>(i), rec).ok());
+            ASSERT_EQ(std::memcmp(rec.data(), want_rec.data() + i * dim, dim * sizeof(float)), 0)
+                << where << " row " << i;
+          }
+        }
+        ForceScanTarget(0);
+      }
+    }
+    // Errors: the first bad row, as the general path reports it; nothing stored.
+    std::vector<float> bad = x;
+    bad[70 * dim + 2] = NAN;
+    for (size_t j = 0; j < dim; ++j) bad[40 * dim + j] = 0.0f;
+    for (bool fused : {false, true}) {
+      SetFusedBuildForTest(fused);
+      auto index = FlatIndex::Create({.dim = dim, .bits = 2, .metric = Metric::kCosine,
+                                      .rotation = RotationKind::kHaar,
+                                      .scales = IndexScales::kNone});
+      ASSERT_TRUE(index.ok());
+      ASSERT_TRUE(index->Add(std::span<const float>(x.data(), 10 * dim)).ok());
+      const std::vector<uint8_t> before = index->Serialize();
+      Status st = index->Add(bad, {}, {.threads = 2});
+      ASSERT_FALSE(st.ok());
+      EXPECT_NE(st.message().find("row 40 is a zero vector"), std::string::npos) << st.ToString();
+      bad[40 * dim] = 1.0f;
+      st = index->Add(bad, {}, {.threads = 2});
+      bad[40 * dim] = 0.0f;
+      EXPECT_NE(st.message().find("row 70, column 2 is not finite"), std::string::npos)
+          << st.ToString();
+      EXPECT_EQ(index->size(), 10u);
+      EXPECT_EQ(index->Serialize(), before);
+      // Ids: a duplicate is rejected after the rows, and nothing is stored.
+      std::vector<int64_t> ids(n, 0);
+      for (size_t i = 0; i < n; ++i) ids[i] = static_cast<int64_t>(100 + i);
+      ids[n - 1] = 100;
+      st = index->Add(x, ids);
+      EXPECT_NE(st.message().find("appears twice"), std::string::npos) << st.ToString();
+      EXPECT_EQ(index->Serialize(), before);
     }
   }
 }

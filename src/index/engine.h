@@ -173,6 +173,10 @@ void FillResult(const Engine& e, const std::vector<Probe>& probes, const std::ve
 // Validates search params against the engine (k >= 1, rerank, ...).
 Status CheckSearchParams(const Engine& e, const SearchParams& params, bool ivf);
 
+// Test hook: false makes FlatIndex::Add take its general path (codec Encode
+// + WriteAt) where it would use the fused build (fastscan.h BuildGroup).
+void SetFusedBuildForTest(bool on);
+
 // Exact score of a stored original against the prepared query (larger is nearer).
 float ExactScore(const Engine& e, const float* q, const float* x);
 

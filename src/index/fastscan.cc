@@ -7,6 +7,7 @@
 #include <hwy/highway.h>
 
 #include "index/fastscan-inl.h"
+#include "index/build-inl.h"
 
 #if HWY_ONCE
 
@@ -17,6 +18,12 @@
 namespace tq::index_internal {
 
 HWY_EXPORT(ScanGroupsImpl);
+HWY_EXPORT(BuildGroupImpl);
+
+uint64_t BuildGroup(const BuildArgs& args, const float* x, size_t lo, size_t hi, uint8_t* group,
+                    float* scales, float* orig) {
+  return HWY_DYNAMIC_DISPATCH(BuildGroupImpl)(args, x, lo, hi, group, scales, orig);
+}
 
 void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores) {
   TQ_CHECK(nq >= 1 && nq <= kMaxScanQueries);

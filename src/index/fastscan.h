@@ -99,6 +99,32 @@ void BuildTables(const ScanLayout& layout, const CodecPlan& plan, const float* q
 void ComputeGroupBounds(const ScanLayout& layout, const float* scales, const float* norms2,
                         size_t g0, size_t g1, float* scale_bounds, float* norm2_min);
 
+// Fused build of one group (FlatIndex::Add's fast path: MSE codes, one dense
+// Haar rotation block, cosine). Lanes [lo, hi) of the group get rows
+// x[0, hi - lo) ([dim] floats each, unnormalized): every row is validated
+// (finite, nonzero), normalized in double, rotated, quantized and written as
+// nibbles into `group` (stored when lo == 0, where the lanes >= hi must be
+// zero; OR-ed into the zero nibbles of lanes [lo, hi) otherwise), its derived
+// scale 1/||c[idx]|| into scales[lane] when scales is not null, and its
+// normalized row into orig[(lane - lo) · dim] when orig is not null. Exactly
+// the bytes of Codec::Encode + WriteAt (build-inl.h lists the operations).
+// Returns bit i (i < 32) for each invalid row's lane (then nothing is
+// written), else bit 32 + i for each lane the caller must encode through the
+// codec instead (its codec scale would not be storable: Encode fails).
+struct BuildArgs {
+  const ScanLayout* layout = nullptr;
+  size_t dim = 0;
+  int bits = 0;
+  const float* mt = nullptr;          // plan.haar_t
+  const float* boundaries = nullptr;  // 2^bits - 1
+  const float* centroids = nullptr;   // 2^bits
+  bool sorted = false;                // boundaries non-decreasing and not NaN
+  bool norm_correction = false;
+  float scale_limit = 0;              // codec scales must be below this (fp16: 65504)
+};
+uint64_t BuildGroup(const BuildArgs& args, const float* x, size_t lo, size_t hi, uint8_t* group,
+                    float* scales, float* orig);
+
 // Nibble of vector i (0..31) of a group for slot s.
 inline unsigned GroupNibble(const uint8_t* group, size_t s, size_t i) {
   const uint8_t byte = group[16 * s + (i & 15)];

@@ -1,6 +1,7 @@
 // FlatIndex: every stored code is scanned (fast-scan for MSE codes at
 // b <= 4 bits). See include/tq/index.h and src/index/engine.h.
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -119,7 +120,177 @@ Status DescribeBadRow(const Engine& e, const float* x, size_t r) {
                               " is a zero vector; metric cosine needs nonzero vectors");
 }
 
+// FlatIndex::Add's fused path (fastscan.h BuildGroup) applies: MSE fast-scan
+// codes of one dense Haar block, cosine vectors, scales derived (not stored).
+std::atomic<bool> g_fused_build{true};
+
+bool FusedBuild(const Engine& e) {
+  const CodecPlan& p = e.codec->plan();
+  return g_fused_build.load(std::memory_order_relaxed) && e.fast && !p.hadamard && p.num_blocks == 1 && p.qjl_dim == 0 &&
+         e.spec.metric == Metric::kCosine && e.spec.scales == IndexScales::kNone;
+}
+
+// Normalizes (cosine) and encodes positions [p0, p1) of group g through the
+// codec and writes them (ids left to the caller): the scalar path of Add.
+Status EncodeGroupSlow(Engine& e, const float* x, size_t first, size_t p0, size_t p1,
+                       std::vector<float>* buf, std::vector<uint8_t>* rows) {
+  const size_t d = e.spec.dim;
+  const size_t rb = e.codec->row_bytes();
+  const bool cosine = e.spec.metric == Metric::kCosine;
+  const size_t m = p1 - p0;
+  buf->resize(index_internal::kGroup * d);
+  rows->resize(index_internal::kGroup * rb);
+  for (size_t i = 0; i < m; ++i) {
+    const float* src = x + (p0 - first + i) * d;
+    float* dst = buf->data() + i * d;
+    if (cosine) {
+      double ss = 0;
+      for (size_t j = 0; j < d; ++j) ss += static_cast<double>(src[j]) * src[j];
+      const double inv = 1.0 / std::sqrt(ss);
+      for (size_t j = 0; j < d; ++j) dst[j] = static_cast<float>(src[j] * inv);
+    } else {
+      std::memcpy(dst, src, d * sizeof(float));
+    }
+  }
+  TQ_RETURN_IF_ERROR(e.codec->Encode(std::span<const float>(buf->data(), m * d),
+                                     std::span<uint8_t>(rows->data(), m * rb)));
+  for (size_t i = 0; i < m; ++i) {
+    float n2 = 0;
+    if (e.spec.metric == Metric::kL2) {
+      double ss = 0;
+      for (size_t j = 0; j < d; ++j) ss += static_cast<double>((*buf)[i * d + j]) * (*buf)[i * d + j];
+      n2 = static_cast<float>(ss);
+    }
+    index_internal::WriteAt(e, &e.store, p0 + i, rows->data() + i * rb, -1, n2,
+                            buf->data() + i * d);
+  }
+  return Status::Ok();
+}
+
+// Add through BuildGroup: one pass over the rows (validation, normalization,
+// rotation, quantization and the group layout fused per group of 32, groups
+// handed out to the threads in chunks), then the ids. Same results and
+// errors as the general path: an invalid row (the first) or an encoder
+// failure rolls the store back.
+Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> ids,
+                const BatchOptions& options) {
+  using index_internal::kGroup;
+  const size_t d = e.spec.dim;
+  const size_t n = x.size() / d;
+  const CodecPlan& p = e.codec->plan();
+  index_internal::Store& s = e.store;
+  const size_t first = s.n;
+  index_internal::ReserveStore(e, &s, first + n);
+  const bool keep_scales = e.spec.norm_correction;  // kNone: the derived scale
+  index_internal::BuildArgs ba;
+  ba.layout = &e.layout;
+  ba.dim = d;
+  ba.bits = p.mse_bits;
+  ba.mt = p.haar_t;
+  ba.boundaries = p.blocks[0].boundaries;
+  ba.centroids = p.blocks[0].centroids;
+  const int nb = (1 << p.mse_bits) - 1;
+  ba.sorted = true;
+  for (int k = 0; k < nb; ++k) {
+    if (std::isnan(ba.boundaries[k]) || (k + 1 < nb && !(ba.boundaries[k] <= ba.boundaries[k + 1]))) {
+      ba.sorted = false;
+    }
+  }
+  ba.norm_correction = p.norm_correction;
+  ba.scale_limit = p.scale_f16 ? 65504.0f : FLT_MAX;
+  const size_t g0 = first / kGroup;
+  const size_t g1 = (first + n + kGroup - 1) / kGroup;
+  std::vector<uint32_t> fallback(g1 - g0, 0);
+  std::atomic<size_t> next{g0};
+  std::atomic<size_t> first_bad{n};
+  const size_t threads = options.threads == 0 ? HardwareThreads() : options.threads;
+  constexpr size_t kChunk = 16;  // groups a thread takes at a time
+  ParallelFor(std::min(threads, (g1 - g0 + kChunk - 1) / kChunk), threads, 1,
+              [&](size_t, size_t) {
+    for (;;) {
+      const size_t c0 = next.fetch_add(kChunk);
+      if (c0 >= g1) return;
+      for (size_t g = c0; g < std::min(g1, c0 + kChunk); ++g) {
+        const size_t p0 = std::max(first, g * kGroup);
+        const size_t p1 = std::min(first + n, (g + 1) * kGroup);
+        if (p0 - first >= first_bad.load(std::memory_order_relaxed)) return;
+        const uint64_t r = index_internal::BuildGroup(
+            ba, x.data() + (p0 - first) * d, p0 - g * kGroup, p1 - g * kGroup,
+            s.groups.data() + g * e.layout.group_bytes,
+            keep_scales ? s.scales.data() + g * kGroup : nullptr,
+            e.spec.store_originals ? s.originals.data() + p0 * d : nullptr);
+        const uint32_t bad = static_cast<uint32_t>(r);
+        if (bad != 0) {
+          const size_t row = g * kGroup + static_cast<size_t>(std::countr_zero(bad)) - first;
+          size_t cur = first_bad.load();
+          while (row < cur && !first_bad.compare_exchange_weak(cur, row)) {
+          }
+          return;
+        }
+        fallback[g - g0] = static_cast<uint32_t>(r >> 32);
+        if (fallback[g - g0] == 0) index_internal::RefreshBounds(e, &s, g, g + 1);
+      }
+    }
+  });
+  if (first_bad.load() < n) {
+    index_internal::TruncateStore(e, &s, first);
+    return DescribeBadRow(e, x.data(), first_bad.load());
+  }
+  {
+    std::vector<float> buf;
+    std::vector<uint8_t> rows;
+    for (size_t g = g0; g < g1; ++g) {
+      if (fallback[g - g0] == 0) continue;
+      const size_t p0 = std::max(first, g * kGroup);
+      const size_t p1 = std::min(first + n, (g + 1) * kGroup);
+      Status st = EncodeGroupSlow(e, x.data(), first, p0, p1, &buf, &rows);
+      if (!st.ok()) {
+        index_internal::TruncateStore(e, &s, first);
+        return Status(st.code(), "Add: rows from " + std::to_string(p0 - first) + ": " + st.message());
+      }
+      index_internal::RefreshBounds(e, &s, g, g + 1);
+    }
+  }
+  std::lock_guard<std::mutex> lock(e.map_mu);
+  std::vector<int64_t> assigned;
+  if (!ids.empty()) {
+    EnsurePosOf(e);
+    auto a = index_internal::AssignIds(ids, n, e.next_id, e.pos_of);
+    if (!a.ok()) {
+      index_internal::TruncateStore(e, &s, first);
+      return a.status();
+    }
+    assigned = std::move(a).value();
+    std::memcpy(s.ids.data() + first, assigned.data(), n * sizeof(int64_t));
+  } else {
+    if (e.next_id > INT64_MAX - static_cast<int64_t>(n)) {
+      index_internal::TruncateStore(e, &s, first);
+      return OutOfRangeError("automatic ids would overflow int64 after " + std::to_string(e.next_id));
+    }
+    for (size_t i = 0; i < n; ++i) s.ids[first + i] = e.next_id + static_cast<int64_t>(i);
+  }
+  s.n = first + n;
+  s.live += n;
+  if (e.pos_of_valid) {
+    if (ids.empty() && e.pos_of.empty() && first == 0) {
+      e.pos_of_valid = false;  // built lazily when first needed
+    } else {
+      for (size_t i = 0; i < n; ++i) e.pos_of[s.ids[first + i]] = first + i;
+    }
+  }
+  if (n > 0) {
+    const int64_t mx = ids.empty() ? e.next_id + static_cast<int64_t>(n) - 1
+                                   : *std::max_element(assigned.begin(), assigned.end());
+    e.next_id = std::max(e.next_id, mx + 1);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+namespace index_internal {
+void SetFusedBuildForTest(bool on) { g_fused_build.store(on); }
+}  // namespace index_internal
 
 Status FlatIndex::Add(std::span<const float> x, std::span<const int64_t> ids,
                       const BatchOptions& options) {
@@ -129,6 +300,7 @@ Status FlatIndex::Add(std::span<const float> x, std::span<const int64_t> ids,
     return InvalidArgumentError("Add: " + std::to_string(x.size()) +
                                 " floats is not a multiple of dim " + std::to_string(d));
   }
+  if (FusedBuild(e)) return AddFused(e, x, ids, options);
   const size_t n = x.size() / d;
   const bool cosine = e.spec.metric == Metric::kCosine;
   // Validate everything first: nothing is stored unless every row is fine.

@@ -1,0 +1,330 @@
+// Per-target Highway kernel of the fused fast-scan build (entry point:
+// index/fastscan.h BuildGroup). index/fastscan.cc includes this file once per
+// SIMD target.
+//
+// One group of 32 vectors goes through validation, cosine normalization, the
+// Haar rotation, quantization, the derived scale and the nibble layout with
+// its data in cache, and SIMD lanes are the group's vectors (lane i = vector
+// i of the group) all the way: each lane performs exactly the scalar
+// reference's operations in the reference's order, so the codes are the
+// codec's bit for bit:
+//   * normalization: ss += double(x_j)·x_j for j ascending, inv = 1/sqrt(ss)
+//     (double), x'_j = float(x_j · inv) (FlatIndex::Add);
+//   * rotation: y_j = 0.0f, then y_j = y_j + mt[i][j]·x'_i for i ascending,
+//     multiply then add (ref::MatTVec);
+//   * norms: ref::SumSquares16's 16 accumulators (lane j % 16, ascending j)
+//     and its 8, 4, 2, 1 fold; u_j = y_j · inv with inv = 1/norm (0 below
+//     FLT_MIN); index = number of boundaries <= u_j (a binary search where
+//     the boundaries are sorted, which counts the same);
+//   * the derived scale 1/sqrt(SumSquares16(c[idx])) (engine.cc DerivedScale).
+// Lanes whose codec scale would not be storable (the codec's Encode would
+// fail) are reported for the caller's scalar path instead of being written.
+#if defined(TQ_SRC_INDEX_BUILD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TQ_SRC_INDEX_BUILD_INL_H_
+#undef TQ_SRC_INDEX_BUILD_INL_H_
+#else
+#define TQ_SRC_INDEX_BUILD_INL_H_
+#endif
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include "index/fastscan.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tq::index_internal::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET == HWY_SCALAR
+
+uint64_t BuildGroupImpl(const BuildArgs&, const float*, size_t lo, size_t hi, uint8_t*, float*,
+                        float*) {
+  uint64_t lanes = 0;
+  for (size_t i = lo; i < hi; ++i) lanes |= uint64_t{1} << i;
+  return lanes << 32;  // everything through the scalar path
+}
+
+#else
+
+namespace build {
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+constexpr size_t kN = hn::MaxLanes(DF());
+constexpr size_t kV = kN <= kGroup ? kGroup / kN : 1;  // vectors per group
+// Columns of the rotation computed per pass over the matrix rows: J outputs x
+// 2 vectors of lanes are accumulators (20 of 32 registers on AVX-512, 10 of 16
+// otherwise).
+constexpr size_t kJ = HWY_TARGET <= HWY_AVX3 ? 10 : 5;
+constexpr size_t kRV = kV < 2 ? kV : 2;  // vectors of lanes per rotation pass
+
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<float[]> xt, yt;  // [dim][32]
+  size_t dim = 0;
+  HWY_ALIGN float ssy[16 * kGroup];
+  HWY_ALIGN float ssc[16 * kGroup];
+  HWY_ALIGN double ssd[kGroup];
+  HWY_ALIGN int32_t off[kGroup];
+};
+
+inline Scratch& GetScratch(size_t dim) {
+  thread_local Scratch s;
+  if (s.dim < dim) {
+    s.xt = hwy::AllocateAligned<float>(dim * kGroup);
+    s.yt = hwy::AllocateAligned<float>(dim * kGroup);
+    s.dim = dim;
+  }
+  return s;
+}
+
+// yt[j][lanes r0..] for j in [jb, jb + J), kRV vectors of lanes from r0, and
+// their squares into the 16 canonical accumulators ssy[j % 16].
+template <size_t J>
+HWY_INLINE void RotateBlock(const float* HWY_RESTRICT mt, size_t dim, size_t jb,
+                            const float* HWY_RESTRICT xt, float* HWY_RESTRICT yt,
+                            float* HWY_RESTRICT ssy, size_t r0) {
+  const DF df;
+  VF acc[J][kRV];
+  for (size_t jj = 0; jj < J; ++jj) {
+    for (size_t v = 0; v < kRV; ++v) acc[jj][v] = hn::Zero(df);
+  }
+  const float* m = mt + jb;
+  const float* xp = xt + r0;
+  for (size_t i = 0; i < dim; ++i, m += dim, xp += kGroup) {
+    VF xv[kRV];
+    for (size_t v = 0; v < kRV; ++v) xv[v] = hn::Load(df, xp + v * kN);
+    HWY_UNROLL(1)
+    for (size_t jj = 0; jj < J; ++jj) {
+      const VF mv = hn::Set(df, m[jj]);
+      for (size_t v = 0; v < kRV; ++v) acc[jj][v] = hn::Add(acc[jj][v], hn::Mul(mv, xv[v]));
+    }
+  }
+  for (size_t jj = 0; jj < J; ++jj) {
+    const size_t j = jb + jj;
+    float* s = ssy + (j % 16) * kGroup + r0;
+    for (size_t v = 0; v < kRV; ++v) {
+      hn::Store(acc[jj][v], df, yt + j * kGroup + r0 + v * kN);
+      hn::Store(hn::Add(hn::Load(df, s + v * kN), hn::Mul(acc[jj][v], acc[jj][v])), df,
+                s + v * kN);
+    }
+  }
+}
+
+template <size_t J>
+HWY_INLINE void RotateTail(size_t rem, const float* mt, size_t dim, size_t jb, const float* xt,
+                           float* yt, float* ssy, size_t r0) {
+  if constexpr (J > 0) {
+    if (rem == J) return RotateBlock<J>(mt, dim, jb, xt, yt, ssy, r0);
+    return RotateTail<J - 1>(rem, mt, dim, jb, xt, yt, ssy, r0);
+  }
+}
+
+// acc[l] = acc[l] + acc[l + w] for w = 8, 4, 2, 1 (ref::SumSquares16's fold),
+// per lane; the result is in acc[0].
+HWY_INLINE VF Fold16(float* acc, size_t v) {
+  const DF df;
+  for (size_t w = 8; w >= 1; w /= 2) {
+    for (size_t l = 0; l < w; ++l) {
+      float* a = acc + l * kGroup + v * kN;
+      hn::Store(hn::Add(hn::Load(df, a), hn::Load(df, acc + (l + w) * kGroup + v * kN)), df, a);
+    }
+  }
+  return hn::Load(df, acc + v * kN);
+}
+
+}  // namespace build
+
+HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t lo, size_t hi,
+                                     uint8_t* group, float* scales, float* orig) {
+  using namespace build;  // NOLINT
+  if constexpr (kN > 16 || kN < 4) {
+    (void)a, (void)x, (void)group, (void)scales, (void)orig;
+    uint64_t lanes = 0;
+    for (size_t i = lo; i < hi; ++i) lanes |= uint64_t{1} << i;
+    return lanes << 32;
+  } else {
+  const DF df;
+  const DI di;
+  const size_t dim = a.dim;
+  Scratch& s = GetScratch(dim);
+  float* HWY_RESTRICT xt = s.xt.get();
+  float* HWY_RESTRICT yt = s.yt.get();
+  const size_t m = hi - lo;
+
+  // 1. Transpose the rows in: lane i reads row i - lo (lanes outside [lo, hi)
+  // read a valid row and are masked at the end).
+  for (size_t i = 0; i < kGroup; ++i) {
+    const size_t r = i < lo ? 0 : i >= hi ? m - 1 : i - lo;
+    s.off[i] = static_cast<int32_t>(r * dim);
+  }
+  {
+    VI off[kV];
+    for (size_t v = 0; v < kV; ++v) off[v] = hn::Load(di, s.off + v * kN);
+    for (size_t j = 0; j < dim; ++j) {
+      for (size_t v = 0; v < kV; ++v) {
+        hn::Store(hn::GatherIndex(df, x + j, off[v]), df, xt + j * kGroup + v * kN);
+      }
+    }
+  }
+
+  // 2. Validation and cosine normalization in double.
+  {
+    const hn::Repartition<double, DF> dd;
+    const hn::Rebind<float, decltype(dd)> dfh;
+    constexpr size_t kH = hn::MaxLanes(dd);
+    constexpr size_t kC = kGroup / kH;
+    hn::Vec<decltype(dd)> ss[kC];
+    for (size_t c = 0; c < kC; ++c) ss[c] = hn::Zero(dd);
+    for (size_t j = 0; j < dim; ++j) {
+      for (size_t c = 0; c < kC; ++c) {
+        const auto p = hn::PromoteTo(dd, hn::Load(dfh, xt + j * kGroup + c * kH));
+        ss[c] = hn::Add(ss[c], hn::Mul(p, p));
+      }
+    }
+    hn::Vec<decltype(dd)> inv[kC];
+    for (size_t c = 0; c < kC; ++c) {
+      hn::Store(ss[c], dd, s.ssd + c * kH);
+      inv[c] = hn::Div(hn::Set(dd, 1.0), hn::Sqrt(ss[c]));
+    }
+    for (size_t j = 0; j < dim; ++j) {
+      for (size_t c = 0; c < kC; ++c) {
+        float* p = xt + j * kGroup + c * kH;
+        hn::Store(hn::DemoteTo(dfh, hn::Mul(hn::PromoteTo(dd, hn::Load(dfh, p)), inv[c])), dfh, p);
+      }
+    }
+  }
+  uint32_t bad = 0;
+  for (size_t i = lo; i < hi; ++i) {
+    // Finite and nonzero (a finite row's double sum of squares is finite; a
+    // nonzero one's is positive).
+    if (!(s.ssd[i] <= DBL_MAX && s.ssd[i] > 0.0)) bad |= 1u << i;
+  }
+  if (bad != 0) return bad;
+
+  // 3. Rotation, and the squared norms in SumSquares16 order.
+  std::memset(s.ssy, 0, sizeof(s.ssy));
+  for (size_t r0 = 0; r0 < kGroup; r0 += kRV * kN) {
+    size_t jb = 0;
+    for (; jb + kJ <= dim; jb += kJ) RotateBlock<kJ>(a.mt, dim, jb, xt, yt, s.ssy, r0);
+    if (jb < dim) RotateTail<kJ - 1>(dim - jb, a.mt, dim, jb, xt, yt, s.ssy, r0);
+  }
+
+  // 4. Quantization, slots, the centroid sums of squares.
+  VF inv[kV], norm[kV];
+  VI lane_ok[kV];
+  for (size_t v = 0; v < kV; ++v) {
+    norm[v] = hn::Sqrt(Fold16(s.ssy, v));
+    inv[v] = hn::IfThenElseZero(hn::Ge(norm[v], hn::Set(df, 0x1p-126f)),
+                                hn::Div(hn::Set(df, 1.0f), norm[v]));
+    HWY_ALIGN int32_t okl[kN];
+    for (size_t l = 0; l < kN; ++l) okl[l] = v * kN + l >= lo && v * kN + l < hi ? -1 : 0;
+    lane_ok[v] = hn::Load(di, okl);
+  }
+  std::memset(s.ssc, 0, sizeof(s.ssc));
+  const int bits = a.bits;
+  const int nlev = 1 << bits;
+  const size_t g = static_cast<size_t>(a.layout->coords_per_slot);
+  const bool table = a.sorted && nlev <= static_cast<int>(kN);
+  HWY_ALIGN float bnd[kN > 16 ? kN : 16] = {};
+  HWY_ALIGN float cen[kN > 16 ? kN : 16] = {};
+  for (int k = 0; k < static_cast<int>(kN) && k < 16; ++k) {
+    bnd[k] = a.boundaries[k < nlev - 1 ? k : nlev - 2 < 0 ? 0 : nlev - 2];
+    cen[k] = a.centroids[k < nlev ? k : nlev - 1];
+  }
+  const VF vbnd = hn::Load(df, bnd), vcen = hn::Load(df, cen);
+  VI slot[kV];
+  for (size_t v = 0; v < kV; ++v) slot[v] = hn::Zero(di);
+  const bool fresh = lo == 0;  // lanes >= hi of the group are zero: store, else OR in
+  for (size_t j = 0; j < dim; ++j) {
+    const size_t t = j % g;
+    float* sc = s.ssc + (j % 16) * kGroup;
+    for (size_t v = 0; v < kV; ++v) {
+      const VF u = hn::Mul(hn::Load(df, yt + j * kGroup + v * kN), inv[v]);
+      VI idx = hn::Zero(di);
+      VF c;
+      if (table) {
+        for (int st = nlev / 2; st >= 1; st /= 2) {
+          const VF b = hn::TableLookupLanes(
+              vbnd, hn::IndicesFromVec(df, hn::Add(idx, hn::Set(di, st - 1))));
+          idx = hn::Add(idx, hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(u, b)), hn::Set(di, st)));
+        }
+        c = hn::TableLookupLanes(vcen, hn::IndicesFromVec(df, idx));
+      } else {
+        c = hn::Set(df, a.centroids[0]);
+        for (int k = 0; k < nlev - 1; ++k) {
+          const auto ge = hn::Ge(u, hn::Set(df, a.boundaries[k]));
+          idx = hn::Sub(idx, hn::VecFromMask(di, hn::RebindMask(di, ge)));
+          if (a.sorted) c = hn::IfThenElse(ge, hn::Set(df, a.centroids[k + 1]), c);
+        }
+        if (!a.sorted) {
+          HWY_ALIGN int32_t ib[kN];
+          HWY_ALIGN float cb[kN];
+          hn::Store(idx, di, ib);
+          for (size_t l = 0; l < kN; ++l) cb[l] = a.centroids[ib[l]];
+          c = hn::Load(df, cb);
+        }
+      }
+      hn::Store(hn::Add(hn::Load(df, sc + v * kN), hn::Mul(c, c)), df, sc + v * kN);
+      slot[v] = hn::Or(slot[v], hn::ShiftLeftSame(idx, static_cast<int>(t) * bits));
+    }
+    if (t == g - 1 || j == dim - 1) {
+      uint8_t* dst = group + 16 * (j / g);
+      const hn::Rebind<uint8_t, DI> d8;
+      for (size_t h = 0; h < kV / 2; ++h) {
+        const VI lo4 = hn::And(slot[h], lane_ok[h]);
+        const VI hi4 = hn::And(slot[h + kV / 2], lane_ok[h + kV / 2]);
+        const auto bytes = hn::DemoteTo(d8, hn::Or(lo4, hn::ShiftLeft<4>(hi4)));
+        if (fresh) {
+          hn::StoreU(bytes, d8, dst + h * kN);
+        } else {
+          hn::StoreU(hn::Or(bytes, hn::LoadU(d8, dst + h * kN)), d8, dst + h * kN);
+        }
+      }
+      for (size_t v = 0; v < kV; ++v) slot[v] = hn::Zero(di);
+    }
+  }
+
+  // 5. Scales: the derived one is stored; lanes whose codec scale could not be
+  // stored (Encode would fail) go to the caller's scalar path.
+  uint32_t fallback = 0;
+  for (size_t v = 0; v < kV; ++v) {
+    const VF ssc = Fold16(s.ssc, v);
+    const VF root = hn::Sqrt(ssc);
+    const VF codec_scale = a.norm_correction ? hn::Div(norm[v], root) : norm[v];
+    const auto ok = hn::Lt(codec_scale, hn::Set(df, a.scale_limit));
+    HWY_ALIGN int32_t okb[kN];
+    hn::Store(hn::VecFromMask(di, hn::RebindMask(di, ok)), di, okb);
+    for (size_t l = 0; l < kN; ++l) {
+      const size_t i = v * kN + l;
+      if (i >= lo && i < hi && okb[l] == 0) fallback |= 1u << i;
+    }
+    if (scales != nullptr) {
+      const VF derived = hn::IfThenElseZero(hn::Gt(ssc, hn::Zero(df)),
+                                            hn::Div(hn::Set(df, 1.0f), root));
+      const auto keep = hn::RebindMask(df, hn::Eq(lane_ok[v], hn::Zero(di)));
+      float* p = scales + v * kN;
+      hn::StoreU(hn::IfThenElse(keep, hn::LoadU(df, p), derived), df, p);
+    }
+  }
+
+  if (orig != nullptr) {
+    for (size_t i = lo; i < hi; ++i) {
+      for (size_t j = 0; j < dim; ++j) orig[(i - lo) * dim + j] = xt[j * kGroup + i];
+    }
+  }
+  return static_cast<uint64_t>(fallback) << 32;
+  }
+}
+
+#endif  // HWY_TARGET == HWY_SCALAR
+
+}  // namespace tq::index_internal::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard
