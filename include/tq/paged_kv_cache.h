@@ -97,6 +97,17 @@ class PagedKVCache {
   Status SetMeans(size_t layer, std::span<const float> key_mean, std::span<const float> value_mean);
 
   Result<PagedLayerView> View(size_t layer) const;
+  // Writable raw planes of a layer, for device mirrors (tq::cuda::DeviceLayer
+  // copies whole planes in and out). Bytes written here bypass every check:
+  // the caller keeps them in the format of docs/FORMAT.md.
+  struct RawPlanes {
+    uint8_t* k_codes = nullptr;
+    uint8_t* k_meta = nullptr;
+    uint8_t* v_codes = nullptr;
+    uint8_t* v_meta = nullptr;
+    size_t k_codes_bytes = 0, k_meta_bytes = 0, v_codes_bytes = 0, v_meta_bytes = 0;
+  };
+  Result<RawPlanes> MutablePlanes(size_t layer);
   // DIAGNOSTIC ONLY: decodes one sequence's K and V ([length, heads, head_dim]).
   Status DequantizeForDiagnostics(size_t layer, size_t seq, std::span<float> k,
                                   std::span<float> v) const;

@@ -322,6 +322,22 @@ Result<PagedLayerView> PagedKVCache::View(size_t layer) const {
   return v;
 }
 
+Result<PagedKVCache::RawPlanes> PagedKVCache::MutablePlanes(size_t layer) {
+  Impl& m = *impl_;
+  if (layer >= m.layers.size()) return OutOfRangeError("layer " + Str(layer) + " out of range");
+  LayerPlanes& lp = m.layers[layer];
+  RawPlanes r;
+  r.k_codes = lp.k_codes.data();
+  r.k_codes_bytes = lp.k_codes.size();
+  r.k_meta = lp.k_meta_bytes ? lp.k_meta.data() : nullptr;
+  r.k_meta_bytes = lp.k_meta_bytes ? lp.k_meta.size() : 0;
+  r.v_codes = lp.v_codes.data();
+  r.v_codes_bytes = lp.v_codes.size();
+  r.v_meta = lp.v_meta_bytes ? lp.v_meta.data() : nullptr;
+  r.v_meta_bytes = lp.v_meta_bytes ? lp.v_meta.size() : 0;
+  return r;
+}
+
 Status PagedKVCache::DequantizeForDiagnostics(size_t layer, size_t seq, std::span<float> k,
                                               std::span<float> v) const {
   const Impl& m = *impl_;

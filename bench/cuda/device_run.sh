@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: the gpu-labelled tests, compute-sanitizer
+# (memcheck, racecheck) on a subset, our benchmark, torch SDPA on fp16 KV,
+# and the joined report. Binaries are built elsewhere (nvcc on the
+# development machine) and carried in $CARRY/bin with the shared libraries
+# they need in $CARRY/lib.
+#   CARRY=.devcarry OUT=/tmp/out bench/cuda/device_run.sh [quick|full]
+set -uo pipefail
+CARRY=${CARRY:-.devcarry}
+OUT=${OUT:-/tmp/tq-gpu-out}
+MODE=${1:-full}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$CARRY/lib:${LD_LIBRARY_PATH:-}"
+export PYTHONUNBUFFERED=1
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+} > "$OUT/tq.log" 2>&1
+echo "== cuda_test"
+"$CARRY/bin/cuda_test" --gtest_brief=1 > "$OUT/cuda_test.log" 2>&1
+echo "cuda_test rc=$?"; tail -4 "$OUT/cuda_test.log"
+if [ "$MODE" != "bench" ]; then
+  echo "== compute-sanitizer"
+  subset='CudaWrite*k3_v3_d128*:CudaWrite*turboquant_4bit_nc_d256*:CudaDecode*k3_v3_d128*:CudaDecode*k4_v8_d64*:CudaWriteErrors*:CudaDecodeArgs*'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$CARRY/bin/cuda_test" --gtest_brief=1 \
+      --gtest_filter="$subset" >> "$OUT/sanitizer.log" 2>&1
+    echo "$tool rc=$?"; tail -2 "$OUT/sanitizer.log"
+  done
+fi
+if [ "$MODE" = "quick" ]; then
+  args=(--presets k3_v3,k4_v4 --batch 1,16 --context 4096,32768)
+  pargs=(--batch 1,16 --context 4096,32768)
+else
+  args=(--presets k3_v3,k4_v3,k4_v4,k2_v2,turboquant_4bit_nc --batch 1,8,16,32 --context 4096,32768,131072)
+  pargs=(--batch 1,8,16,32 --context 4096,32768,131072)
+fi
+echo "== tq_cuda_bench ${args[*]}"
+"$CARRY/bin/tq_cuda_bench" "${args[@]}" > "$OUT/tq.json" 2>> "$OUT/tq.log"; echo "bench rc=$?"
+echo "== sdpa_bench"
+python3 bench/cuda/sdpa_bench.py "${pargs[@]}" > "$OUT/sdpa.json" 2> "$OUT/sdpa.log"; echo "sdpa rc=$?"
+tail -3 "$OUT/sdpa.log"
+python3 bench/cuda/report.py "$OUT/tq.json" "$OUT/sdpa.json" --json "$OUT/report.json" > "$OUT/report.md"
+cat "$OUT/report.md"

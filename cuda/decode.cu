@@ -1,0 +1,594 @@
+// Paged decode attention on packed TurboQuant keys and TurboQuant or
+// group-integer values, on the tensor cores.
+//
+// Three launches, no allocation, no host synchronization (graph-safe):
+//   1. RotateQueries: q' = scale*log2(e) * Π_k q (the key rotation of the
+//      query's KV head), fp16, into the workspace.
+//   2. DecodeKernel: one CTA per (token split, KV head, sequence); each warp
+//      takes tiles of 16 tokens. Scores S^T[token][head] = K̂ Q'^T come from
+//      mma.m16n8k16 with the keys as the A operand (16 tokens x 16 channels,
+//      decoded from packed indices through a pair table in shared memory:
+//      one lookup gives two fp16 centroids; the table is replicated per lane
+//      so lookups never conflict) and the query heads of the GQA group as the
+//      8 columns of B. The per-token key scale multiplies the score. The
+//      online softmax runs per head; P (times the value scale of the token)
+//      is transposed in registers by movmatrix into the B operand of the
+//      second mma, O^T[channel][head] += V̂^T P, whose A operand is the value
+//      codes decoded the same way (group-integer values: q*s+z). Channels are
+//      permuted inside a thread's fragment (any bijection works for a dot
+//      product): thread t of a quad owns channels [t*D/4, (t+1)*D/4) for the
+//      keys, thread group g owns channels [g*D/8, (g+1)*D/8) of the values.
+//      Warps are merged in shared memory; each CTA writes one partial
+//      (max, sum, unnormalized output) per query head.
+//   3. MergeKernel: log-sum-exp merge of the splits, normalization, the
+//      inverse value rotation (TurboQuant values are summed in the rotated
+//      domain) and the value mean; output in the requested dtype.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "internal.cuh"
+
+namespace tq::cuda::detail {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kNw = 4;  // warps per decode CTA
+
+enum : int { kVTq2 = 0, kVTq3 = 1, kVTq4 = 2, kVInt4 = 3, kVInt8 = 4 };
+
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t MovTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Loads N bytes (N = 2..32) starting at p into little-endian words; p is
+// aligned to the largest power of two (<= 16) dividing N.
+template <int N>
+struct Bytes {
+  static constexpr int kWords = (N + 3) / 4;
+  uint32_t w[kWords];
+};
+
+template <int N>
+__device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
+  Bytes<N> b;
+  if constexpr (N % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      b.w[4 * i] = v.x;
+      b.w[4 * i + 1] = v.y;
+      b.w[4 * i + 2] = v.z;
+      b.w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (N % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      b.w[2 * i] = v.x;
+      b.w[2 * i + 1] = v.y;
+    }
+  } else if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) b.w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const uint32_t h = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
+      b.w[i / 2] |= h << (16 * (i % 2));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) b.w[i / 4] |= static_cast<uint32_t>(__ldg(p + i)) << (8 * (i % 4));
+  }
+  return b;
+}
+
+// Bits [o, o + n) of the word array (o, n compile-time after unrolling).
+template <int NW>
+__device__ __forceinline__ uint32_t Field(const uint32_t (&w)[NW], int o, int n) {
+  const int wi = o >> 5, sh = o & 31;
+  uint32_t v;
+  if (sh + n <= 32) {
+    v = w[wi] >> sh;
+  } else {
+    v = __funnelshift_r(w[wi], w[wi + 1], sh);
+  }
+  return v & ((1u << n) - 1u);
+}
+
+template <int VC>
+struct VInfo {
+  static constexpr bool kTq = VC <= kVTq4;
+  static constexpr int kBits = VC == kVTq2 ? 2 : VC == kVTq3 ? 3 : VC == kVTq4 ? 4 : VC == kVInt4 ? 4 : 8;
+};
+
+template <int D, int KB, int VC>
+struct Cfg {
+  static constexpr int kVB = VInfo<VC>::kBits;
+  static constexpr bool kVTq = VInfo<VC>::kTq;
+  static constexpr int kKBytes = D * KB / 32;   // key bytes per (thread, token)
+  static constexpr int kVBytes = D * kVB / 64;  // value bytes per (thread, token)
+  static constexpr int kChunks = D / 16;        // k-chunks of the score mma = m-tiles of PV
+  static constexpr int kKLut = (1 << (2 * KB)) * 32;                 // words
+  static constexpr int kVLut = kVTq ? (1 << (2 * kVB)) * 32 : 0;      // words
+  static constexpr bool kShareLut = kVTq && kVB == KB;
+  static constexpr int kLutWords = kKLut + (kShareLut ? 0 : kVLut);
+  static constexpr int kMergeWords = kNw * 8 * D + 2 * kNw * 8;
+  static constexpr int kSmemWords = kLutWords > kMergeWords ? kLutWords : kMergeWords;
+};
+
+struct TileRaw {
+  long long krow[2];
+  long long vrow[4];
+};
+
+template <int D, int KB, int VC>
+struct Raw {
+  Bytes<Cfg<D, KB, VC>::kKBytes> k[2];
+  Bytes<Cfg<D, KB, VC>::kVBytes> v[4];
+  float ks[2];
+  float vs[2];      // TQ values: scales of the key-row tokens (g, g+8)
+  uint32_t vsz[4];  // int values: (scale, zero) halves of the 4 value tokens
+};
+
+__device__ __forceinline__ long long RowOf(const Layer& L, const int32_t* bt, int tok, int h) {
+  const long long page = bt[tok >> L.log2_block];
+  return (page * L.H + h) * L.block_size + (tok & (L.block_size - 1));
+}
+
+template <int D, int KB, int VC>
+__device__ __forceinline__ void LoadTile(const Layer& L, const int32_t* bt, int h, int tb, int len,
+                                         int g, int t, Raw<D, KB, VC>& r) {
+  using C = Cfg<D, KB, VC>;
+  const int last = len - 1;
+  const int kt[2] = {min(tb + g, last), min(tb + g + 8, last)};
+  const int vt[4] = {min(tb + 2 * t, last), min(tb + 2 * t + 1, last), min(tb + 2 * t + 8, last),
+                     min(tb + 2 * t + 9, last)};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const long long row = RowOf(L, bt, kt[i], h);
+    r.k[i] = LoadBytes<C::kKBytes>(L.k.codes + row * L.k.stride + t * C::kKBytes);
+    r.ks[i] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(L.k.meta + row * L.k.meta_bytes))));
+    if constexpr (C::kVTq) {
+      r.vs[i] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(L.v.meta + row * L.v.meta_bytes))));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const long long row = RowOf(L, bt, vt[i], h);
+    r.v[i] = LoadBytes<C::kVBytes>(L.v.codes + row * L.v.stride + g * C::kVBytes);
+    if constexpr (!C::kVTq) {
+      const int gi = (g * (D / 8)) / L.v.group;
+      r.vsz[i] = __ldg(reinterpret_cast<const uint32_t*>(L.v.meta + row * L.v.meta_bytes + 4 * gi));
+    }
+  }
+}
+
+template <int D, int KB, int VC>
+__global__ void __launch_bounds__(kNw * 32)
+    DecodeKernel(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
+                 const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
+                 float* __restrict__ opart, float* __restrict__ ml) {
+  using C = Cfg<D, KB, VC>;
+  extern __shared__ uint32_t smem[];
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  // Pair tables, replicated per lane: word (e * 32 + lane).
+  uint32_t* klut = smem;
+  uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
+  for (int i = threadIdx.x; i < C::kKLut / 4; i += blockDim.x) {
+    const uint32_t e = L.k.pairs[i / 8];
+    reinterpret_cast<uint4*>(klut)[i] = make_uint4(e, e, e, e);
+  }
+  if constexpr (C::kVTq && !C::kShareLut) {
+    for (int i = threadIdx.x; i < C::kVLut / 4; i += blockDim.x) {
+      const uint32_t e = L.v.pairs[i / 8];
+      reinterpret_cast<uint4*>(vlut)[i] = make_uint4(e, e, e, e);
+    }
+  }
+  __syncthreads();
+
+  const int len = seq_lens[b];
+  const int start = s.window > 0 ? max(0, len - s.window) : 0;
+  const int t0 = split * s.tokens_per_split;
+  const int t1 = min(t0 + s.tokens_per_split, len);
+  const int32_t* bt = block_tables + static_cast<long long>(b) * s.max_blocks;
+
+  // Query fragments: head g of the group, channels [t*D/4, (t+1)*D/4).
+  uint32_t qf[D / 8];
+  {
+    const int hq = h * s.group + g;
+    if (g < s.group) {
+      const uint4* qp = reinterpret_cast<const uint4*>(
+          qrot + (static_cast<long long>(b) * s.hq + hq) * D + t * (D / 4));
+#pragma unroll
+      for (int i = 0; i < D / 32; ++i) {
+        const uint4 v = qp[i];
+        qf[4 * i] = v.x;
+        qf[4 * i + 1] = v.y;
+        qf[4 * i + 2] = v.z;
+        qf[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) qf[i] = 0u;
+    }
+  }
+
+  float acc[C::kChunks][4];
+#pragma unroll
+  for (int i = 0; i < C::kChunks; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  const uint32_t* kl = klut + lane;
+  const uint32_t* vl = vlut + lane;
+  // First tile of this warp that holds a token >= start.
+  int tb = t0 + 16 * warp;
+  if (tb + 16 <= start) tb += ((start - tb) / (16 * kNw)) * 16 * kNw;
+  Raw<D, KB, VC> cur, nxt;
+  if (tb < t1) LoadTile<D, KB, VC>(L, bt, h, tb, len, g, t, cur);
+  for (; tb < t1; tb += 16 * kNw) {
+    const int nb = tb + 16 * kNw;
+    if (nb < t1) LoadTile<D, KB, VC>(L, bt, h, nb, len, g, t, nxt);
+
+    // Scores: S^T[token][head], tokens g and g+8, heads 2t and 2t+1.
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < C::kChunks; ++c) {
+      const uint32_t p00 = kl[Field(cur.k[0].w, (2 * c) * 2 * KB, 2 * KB) * 32];
+      const uint32_t p10 = kl[Field(cur.k[1].w, (2 * c) * 2 * KB, 2 * KB) * 32];
+      const uint32_t p01 = kl[Field(cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
+      const uint32_t p11 = kl[Field(cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
+      Mma(sc, p00, p10, p01, p11, qf[2 * c], qf[2 * c + 1]);
+    }
+    const int k0 = tb + g, k1 = tb + g + 8;
+    const bool in0 = k0 >= start && k0 < len, in1 = k1 >= start && k1 < len;
+    sc[0] = in0 ? sc[0] * cur.ks[0] : -INFINITY;
+    sc[1] = in0 ? sc[1] * cur.ks[0] : -INFINITY;
+    sc[2] = in1 ? sc[2] * cur.ks[1] : -INFINITY;
+    sc[3] = in1 ? sc[3] * cur.ks[1] : -INFINITY;
+
+    float p[4];
+    float alpha[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float mt = fmaxf(sc[j], sc[j + 2]);
+      mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 4));
+      mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 8));
+      mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 16));
+      const float mn = fmaxf(m[j], mt);
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      alpha[j] = Exp2(m[j] - mu);
+      p[j] = Exp2(sc[j] - mu);
+      p[j + 2] = Exp2(sc[j + 2] - mu);
+      l[j] = l[j] * alpha[j] + p[j] + p[j + 2];
+      m[j] = mn;
+    }
+#pragma unroll
+    for (int i = 0; i < C::kChunks; ++i) {
+      acc[i][0] *= alpha[0];
+      acc[i][1] *= alpha[1];
+      acc[i][2] *= alpha[0];
+      acc[i][3] *= alpha[1];
+    }
+    uint32_t pb0, pb1;
+    if constexpr (C::kVTq) {
+      pb0 = MovTrans(PackHalf2(p[0] * cur.vs[0], p[1] * cur.vs[0]));
+      pb1 = MovTrans(PackHalf2(p[2] * cur.vs[1], p[3] * cur.vs[1]));
+    } else {
+      pb0 = MovTrans(PackHalf2(p[0], p[1]));
+      pb1 = MovTrans(PackHalf2(p[2], p[3]));
+    }
+
+    // O^T[channel][head] += V^T P; thread channels g*D/8 + (2i, 2i+1).
+#pragma unroll
+    for (int i = 0; i < C::kChunks; ++i) {
+      uint32_t a0, a1, a2, a3;
+      if constexpr (C::kVTq) {
+        constexpr int VB = C::kVB;
+        const uint32_t pa = vl[Field(cur.v[0].w, i * 2 * VB, 2 * VB) * 32];
+        const uint32_t pbv = vl[Field(cur.v[1].w, i * 2 * VB, 2 * VB) * 32];
+        const uint32_t pc = vl[Field(cur.v[2].w, i * 2 * VB, 2 * VB) * 32];
+        const uint32_t pd = vl[Field(cur.v[3].w, i * 2 * VB, 2 * VB) * 32];
+        a0 = __byte_perm(pa, pbv, 0x5410);
+        a1 = __byte_perm(pa, pbv, 0x7632);
+        a2 = __byte_perm(pc, pd, 0x5410);
+        a3 = __byte_perm(pc, pd, 0x7632);
+      } else {
+        constexpr int VB = C::kVB;
+        float v[4][2];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const __half2 sz = *reinterpret_cast<const __half2*>(&cur.vsz[r]);
+          const float sc_ = __low2float(sz), z = __high2float(sz);
+          v[r][0] = static_cast<float>(Field(cur.v[r].w, (2 * i) * VB, VB)) * sc_ + z;
+          v[r][1] = static_cast<float>(Field(cur.v[r].w, (2 * i + 1) * VB, VB)) * sc_ + z;
+        }
+        a0 = PackHalf2(v[0][0], v[1][0]);
+        a1 = PackHalf2(v[0][1], v[1][1]);
+        a2 = PackHalf2(v[2][0], v[3][0]);
+        a3 = PackHalf2(v[2][1], v[3][1]);
+      }
+      Mma(acc[i], a0, a1, a2, a3, pb0, pb1);
+    }
+    if (nb < t1) cur = nxt;
+  }
+
+  // Sum of the weights over the warp's tokens (thread partials share m).
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l[j] += __shfl_xor_sync(kFull, l[j], 4);
+    l[j] += __shfl_xor_sync(kFull, l[j], 8);
+    l[j] += __shfl_xor_sync(kFull, l[j], 16);
+  }
+  __syncthreads();  // the tables are no longer read
+  float* so = reinterpret_cast<float*>(smem);  // [kNw][8][D]
+  float* sm = so + kNw * 8 * D;                 // [kNw][8] max, then [kNw][8] sum
+  float* sl = sm + kNw * 8;
+#pragma unroll
+  for (int i = 0; i < C::kChunks; ++i) {
+    const int c0 = g * (D / 8) + 2 * i, c1 = c0 + 1;
+    so[(warp * 8 + 2 * t) * D + c0] = acc[i][0];
+    so[(warp * 8 + 2 * t + 1) * D + c0] = acc[i][1];
+    so[(warp * 8 + 2 * t) * D + c1] = acc[i][2];
+    so[(warp * 8 + 2 * t + 1) * D + c1] = acc[i][3];
+  }
+  if (g == 0) {
+    sm[warp * 8 + 2 * t] = m[0];
+    sm[warp * 8 + 2 * t + 1] = m[1];
+    sl[warp * 8 + 2 * t] = l[0];
+    sl[warp * 8 + 2 * t + 1] = l[1];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < s.group * D; idx += blockDim.x) {
+    const int j = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kNw; ++w) M = fmaxf(M, sm[w * 8 + j]);
+    float o = 0.f, sum = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kNw; ++w) {
+        const float mw = sm[w * 8 + j];
+        if (mw != -INFINITY) {
+          const float f = Exp2(mw - M);
+          o += so[(w * 8 + j) * D + d] * f;
+          sum += sl[w * 8 + j] * f;
+        }
+      }
+    }
+    const long long part = (static_cast<long long>(b) * s.hq + h * s.group + j) * s.splits + split;
+    opart[part * D + d] = o;
+    if (d == 0) {
+      ml[2 * part] = M;
+      ml[2 * part + 1] = sum;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T x);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// In-place unnormalized Walsh-Hadamard transform of sh[0..D) by D threads.
+template <int D>
+__device__ __forceinline__ void BlockFwht(float* sh, int j) {
+#pragma unroll
+  for (int hh = 1; hh < D; hh <<= 1) {
+    const float a = sh[j], o = sh[j ^ hh];
+    __syncthreads();
+    sh[j] = (j & hh) ? o - a : a + o;
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ float SignOf(const uint32_t* masks, int j) {
+  return ((masks[j >> 5] >> (j & 31)) & 1u) ? -1.f : 1.f;
+}
+
+// q' = scale*log2(e) * (1/D) H D2 H D1 q, one block of D threads per (b, hq).
+template <int D, typename T>
+__global__ void RotateQueries(Layer L, DecodeShape s, const T* __restrict__ q, __half* __restrict__ qrot) {
+  __shared__ float sh[D];
+  const int bh = blockIdx.x, j = threadIdx.x;
+  const int h = (bh % s.hq) / s.group;
+  const uint32_t* s1 = L.k.signs1 + h * (D / 32);
+  const uint32_t* s2 = L.k.signs2 + h * (D / 32);
+  sh[j] = ToFloat<T>(q[static_cast<long long>(bh) * D + j]) * SignOf(s1, j);
+  __syncthreads();
+  BlockFwht<D>(sh, j);
+  sh[j] *= SignOf(s2, j);
+  __syncthreads();
+  BlockFwht<D>(sh, j);
+  qrot[static_cast<long long>(bh) * D + j] = __float2half_rn(sh[j] * (s.scale_log2 / static_cast<float>(D)));
+}
+
+// Merges the splits of one (b, hq), normalizes, rotates TurboQuant values
+// back (x = D1 H D2 H y / D), adds the value mean.
+template <int D, typename T>
+__global__ void MergeKernel(Layer L, DecodeShape s, const float* __restrict__ opart,
+                            const float* __restrict__ ml, T* __restrict__ out) {
+  __shared__ float sh[D];
+  const int bh = blockIdx.x, j = threadIdx.x;
+  const int h = (bh % s.hq) / s.group;
+  const long long base = static_cast<long long>(bh) * s.splits;
+  float M = -INFINITY;
+  for (int i = 0; i < s.splits; ++i) M = fmaxf(M, ml[2 * (base + i)]);
+  float o = 0.f, sum = 0.f;
+  if (M != -INFINITY) {
+    for (int i = 0; i < s.splits; ++i) {
+      const float mi = ml[2 * (base + i)];
+      if (mi == -INFINITY) continue;
+      const float f = Exp2(mi - M);
+      sum += ml[2 * (base + i) + 1] * f;
+      o += opart[(base + i) * D + j] * f;
+    }
+  }
+  float y = sum > 0.f ? o / sum : 0.f;
+  if (L.v.kind == kCompTq) {
+    sh[j] = y;
+    __syncthreads();
+    BlockFwht<D>(sh, j);
+    sh[j] *= SignOf(L.v.signs2 + h * (D / 32), j);
+    __syncthreads();
+    BlockFwht<D>(sh, j);
+    y = sh[j] * (1.0f / static_cast<float>(D)) * SignOf(L.v.signs1 + h * (D / 32), j);
+  }
+  if (L.v.mean != nullptr && sum > 0.f) y += L.v.mean[h * D + j];
+  out[static_cast<long long>(bh) * D + j] = FromFloat<T>(y);
+}
+
+size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
+
+template <int D, int KB, int VC>
+cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, const int32_t* lens,
+                      const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
+  using C = Cfg<D, KB, VC>;
+  const size_t smem = static_cast<size_t>(C::kSmemWords) * 4;
+  auto kernel = DecodeKernel<D, KB, VC>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(s.splits, L.H, s.batch);
+  kernel<<<grid, kNw * 32, smem, stream>>>(L, s, bt, lens, qrot, opart, ml);
+  return cudaGetLastError();
+}
+
+template <int D, int KB>
+cudaError_t RunDecodeV(const Layer& L, int vc, const DecodeShape& s, const int32_t* bt,
+                       const int32_t* lens, const __half* qrot, float* opart, float* ml,
+                       cudaStream_t stream) {
+  switch (vc) {
+    case kVTq2: return RunDecode<D, KB, kVTq2>(L, s, bt, lens, qrot, opart, ml, stream);
+    case kVTq3: return RunDecode<D, KB, kVTq3>(L, s, bt, lens, qrot, opart, ml, stream);
+    case kVTq4: return RunDecode<D, KB, kVTq4>(L, s, bt, lens, qrot, opart, ml, stream);
+    case kVInt4: return RunDecode<D, KB, kVInt4>(L, s, bt, lens, qrot, opart, ml, stream);
+    case kVInt8: return RunDecode<D, KB, kVInt8>(L, s, bt, lens, qrot, opart, ml, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <int D>
+cudaError_t RunDecodeK(const Layer& L, int vc, const DecodeShape& s, const int32_t* bt,
+                       const int32_t* lens, const __half* qrot, float* opart, float* ml,
+                       cudaStream_t stream) {
+  switch (L.k.bits) {
+    case 2: return RunDecodeV<D, 2>(L, vc, s, bt, lens, qrot, opart, ml, stream);
+    case 3: return RunDecodeV<D, 3>(L, vc, s, bt, lens, qrot, opart, ml, stream);
+    case 4: return RunDecodeV<D, 4>(L, vc, s, bt, lens, qrot, opart, ml, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <int D, typename TQ, typename TO>
+cudaError_t RunAll(const Layer& L, const DecodeShape& s, const void* q, void* out,
+                   const int32_t* bt, const int32_t* lens, void* ws, cudaStream_t stream) {
+  uint8_t* w = static_cast<uint8_t*>(ws);
+  const size_t rows = static_cast<size_t>(s.batch) * s.hq;
+  __half* qrot = reinterpret_cast<__half*>(w);
+  float* opart = reinterpret_cast<float*>(w + Align256(rows * D * 2));
+  float* ml = reinterpret_cast<float*>(w + Align256(rows * D * 2) + Align256(rows * s.splits * D * 4));
+  RotateQueries<D, TQ><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, static_cast<const TQ*>(q), qrot);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  int vc;
+  if (L.v.kind == kCompTq) {
+    vc = L.v.bits == 2 ? kVTq2 : L.v.bits == 3 ? kVTq3 : kVTq4;
+  } else {
+    vc = L.v.bits == 4 ? kVInt4 : kVInt8;
+  }
+  e = RunDecodeK<D>(L, vc, s, bt, lens, qrot, opart, ml, stream);
+  if (e != cudaSuccess) return e;
+  MergeKernel<D, TO><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, opart, ml, static_cast<TO*>(out));
+  return cudaGetLastError();
+}
+
+template <int D, typename TQ>
+cudaError_t RunOut(const Layer& L, const DecodeShape& s, const void* q, void* out, int out_dtype,
+                   const int32_t* bt, const int32_t* lens, void* ws, cudaStream_t stream) {
+  switch (out_dtype) {
+    case kDtF32: return RunAll<D, TQ, float>(L, s, q, out, bt, lens, ws, stream);
+    case kDtF16: return RunAll<D, TQ, __half>(L, s, q, out, bt, lens, ws, stream);
+    case kDtBF16: return RunAll<D, TQ, __nv_bfloat16>(L, s, q, out, bt, lens, ws, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <int D>
+cudaError_t RunQ(const Layer& L, const DecodeShape& s, const void* q, int q_dtype, void* out,
+                 int out_dtype, const int32_t* bt, const int32_t* lens, void* ws, cudaStream_t stream) {
+  switch (q_dtype) {
+    case kDtF32: return RunOut<D, float>(L, s, q, out, out_dtype, bt, lens, ws, stream);
+    case kDtF16: return RunOut<D, __half>(L, s, q, out, out_dtype, bt, lens, ws, stream);
+    case kDtBF16: return RunOut<D, __nv_bfloat16>(L, s, q, out, out_dtype, bt, lens, ws, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+size_t DecodeWorkspaceBytes(const DecodeShape& s, int D) {
+  const size_t rows = static_cast<size_t>(s.batch) * s.hq;
+  return Align256(rows * D * 2) + Align256(rows * s.splits * D * 4) + Align256(rows * s.splits * 2 * 4);
+}
+
+cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype,
+                         void* out, int out_dtype, const int32_t* block_tables,
+                         const int32_t* seq_lens, void* workspace, cudaStream_t stream) {
+  switch (layer.D) {
+    case 64: return RunQ<64>(layer, s, q, q_dtype, out, out_dtype, block_tables, seq_lens, workspace, stream);
+    case 128: return RunQ<128>(layer, s, q, q_dtype, out, out_dtype, block_tables, seq_lens, workspace, stream);
+    case 256: return RunQ<256>(layer, s, q, q_dtype, out, out_dtype, block_tables, seq_lens, workspace, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace tq::cuda::detail

@@ -1,0 +1,80 @@
+// Internal to tq_cuda: plain parameter structs shared by the host code and
+// the kernels, and the launch entry points (cuda/write.cu, cuda/decode.cu).
+#ifndef TQ_CUDA_INTERNAL_CUH_
+#define TQ_CUDA_INTERNAL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tq::cuda::detail {
+
+enum : int { kCompTq = 0, kCompInt = 1 };
+
+// One component (keys or values) of a layer on the device.
+struct Comp {
+  uint8_t* codes = nullptr;
+  uint8_t* meta = nullptr;
+  int kind = kCompTq;    // kCompTq: TurboQuant-MSE; kCompInt: int-asym
+  int bits = 0;
+  int payload = 0;       // payload bytes of a row
+  int stride = 0;        // bytes between rows of the codes plane (16-multiple)
+  int meta_bytes = 0;    // bytes of a row's metadata
+  int group = 0;         // int-asym: channels per (scale, zero)
+  // TurboQuant: per head [H] 32-bit masks of D1 / D2 signs ([H][D/32] words,
+  // bit e of word w = sign of channel 32w + e is -1); centroids [2^bits],
+  // boundaries [2^bits - 1]; pair table [4^bits] of half2 (c[lo], c[hi]).
+  const uint32_t* signs1 = nullptr;
+  const uint32_t* signs2 = nullptr;
+  const float* centroids = nullptr;
+  const float* boundaries = nullptr;
+  const uint32_t* pairs = nullptr;
+  const float* mean = nullptr;  // [H][D] or nullptr
+};
+
+struct Layer {
+  int H = 0;          // KV heads
+  int D = 0;          // head_dim
+  int block_size = 0;
+  int log2_block = 0;
+  long long num_blocks = 0;
+  Comp k, v;
+};
+
+// Device error counters of the write kernel.
+struct WriteCounters {
+  unsigned long long out_of_range;
+  unsigned long long non_finite;
+  unsigned long long overflow;
+  unsigned long long first_bad;  // min token index (ULLONG_MAX: none)
+};
+
+enum : int { kDtF32 = 0, kDtF16 = 1, kDtBF16 = 2 };
+
+cudaError_t LaunchWrite(const Layer& layer, const void* k, const void* v, int dtype,
+                        long long tokens, const int64_t* slots, WriteCounters* counters,
+                        cudaStream_t stream);
+
+struct DecodeShape {
+  int batch = 0;
+  int hq = 0;
+  int group = 0;  // query heads per KV head
+  int max_blocks = 0;
+  int splits = 0;
+  int tokens_per_split = 0;  // multiple of 64
+  int window = 0;
+  float scale_log2 = 0.f;  // softmax scale * log2(e)
+};
+
+// Workspace layout (bytes, each part 256-aligned): rotated queries fp16
+// [batch][hq][D]; partial outputs f32 [batch][hq][splits][D]; partial
+// (max, sum) f32 [batch][hq][splits][2].
+size_t DecodeWorkspaceBytes(const DecodeShape& s, int D);
+
+cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype,
+                         void* out, int out_dtype, const int32_t* block_tables,
+                         const int32_t* seq_lens, void* workspace, cudaStream_t stream);
+
+}  // namespace tq::cuda::detail
+
+#endif  // TQ_CUDA_INTERNAL_CUH_

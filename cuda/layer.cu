@@ -1,0 +1,542 @@
+// Host API of the CUDA backend (include/tq/cuda.h): validation, device
+// tables, planning and launches.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "internal.cuh"
+#include "tq/codebook.h"
+#include "tq/codec.h"
+#include "tq/cuda.h"
+#include "tq/rotation.h"
+
+namespace tq::cuda {
+namespace {
+
+using detail::Comp;
+using detail::Layer;
+
+std::string Str(size_t v) { return std::to_string(v); }
+
+Status CudaError(cudaError_t e, const std::string& what) {
+  return InternalError("CUDA " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+#define TQ_CUDA_RETURN(expr, what)                 \
+  do {                                             \
+    const cudaError_t tq_e_ = (expr);              \
+    if (tq_e_ != cudaSuccess) return CudaError(tq_e_, what); \
+  } while (0)
+
+constexpr const char* kSupported =
+    "supported on the GPU: head_dim 64, 128 or 256; block_size a power of two up to 1024; "
+    "keys tq-mse2/3/4 (presets kK_vV with K in 2, 3, 4); values tq-mse2/3/4 or int-asym4/8 "
+    "with a group that is a multiple of 32 channels (g32 or row); 1..8 query heads per KV head";
+
+bool IsPow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+Status CheckTq(const KVFormat& f, const char* role) {
+  if (f.kind != KVFormatKind::kTurboMse) {
+    return UnimplementedError(std::string(role) + " format " + ToString(f) + " is not supported; " + kSupported);
+  }
+  if (f.bits < 2 || f.bits > 4) {
+    return UnimplementedError(std::string(role) + " format " + ToString(f) + " (" + std::to_string(f.bits) +
+                              " bits) is not supported; " + kSupported);
+  }
+  if (f.rotation != RotationKind::kBlockHadamard && f.rotation != RotationKind::kHadamard) {
+    return UnimplementedError(std::string(role) + " rotation " + RotationKindName(f.rotation) +
+                              " is not supported (Hadamard only); " + kSupported);
+  }
+  return Status::Ok();
+}
+
+size_t EffectiveGroup(const KVFormat& f, size_t d) {
+  if (f.group_size == kGroupAuto) return std::gcd(size_t{32}, d);
+  if (f.group_size == kGroupRow) return d;
+  return f.group_size;
+}
+
+}  // namespace
+
+bool DeviceAvailable() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+std::string DeviceDescription() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  }
+  if (n == 0) return "no CUDA device";
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "CUDA device (properties unavailable)";
+  return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+         std::to_string(p.multiProcessorCount) + " SMs, " +
+         std::to_string(p.totalGlobalMem >> 20) + " MiB)";
+}
+
+Status Synchronize(void* stream) {
+  TQ_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "stream synchronize");
+  TQ_CUDA_RETURN(cudaGetLastError(), "asynchronous error");
+  return Status::Ok();
+}
+
+Status IsSupported(const KVFormat& key, const KVFormat& value, size_t head_dim, size_t block_size,
+                   size_t gqa_ratio) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+    return UnimplementedError("head_dim " + Str(head_dim) + " is not supported; " + kSupported);
+  }
+  if (!IsPow2(block_size) || block_size > 1024) {
+    return UnimplementedError("block_size " + Str(block_size) + " is not supported; " + kSupported);
+  }
+  if (gqa_ratio < 1 || gqa_ratio > 8) {
+    return UnimplementedError("GQA ratio " + Str(gqa_ratio) + " is not supported; " + kSupported);
+  }
+  TQ_RETURN_IF_ERROR(CheckTq(key, "key"));
+  if (value.kind == KVFormatKind::kTurboMse) return CheckTq(value, "value");
+  if (value.kind == KVFormatKind::kIntAsym) {
+    const size_t g = EffectiveGroup(value, head_dim);
+    if ((value.bits != 4 && value.bits != 8) || g % 32 != 0 || head_dim % g != 0) {
+      return UnimplementedError("value format " + ToString(value) + " is not supported; " + kSupported);
+    }
+    return Status::Ok();
+  }
+  return UnimplementedError("value format " + ToString(value) + " is not supported; " + kSupported);
+}
+
+// ---------------------------------------------------------------------------
+// DeviceBuffer
+// ---------------------------------------------------------------------------
+Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
+  DeviceBuffer b;
+  if (bytes == 0) return b;
+  const cudaError_t e = cudaMalloc(&b.ptr_, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    b.ptr_ = nullptr;
+    return CudaError(e, "cudaMalloc(" + Str(bytes) + " bytes)");
+  }
+  b.bytes_ = bytes;
+  return b;
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+}
+Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
+  if (offset > bytes_ || bytes > bytes_ - offset) {
+    return OutOfRangeError("DeviceBuffer: copy of " + Str(bytes) + " bytes at " + Str(offset) +
+                           " exceeds the buffer (" + Str(bytes_) + " bytes)");
+  }
+  if (bytes == 0) return Status::Ok();
+  TQ_CUDA_RETURN(cudaMemcpy(static_cast<uint8_t*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice),
+                 "copy to device");
+  return Status::Ok();
+}
+Status DeviceBuffer::CopyToHost(void* dst, size_t bytes, size_t offset) const {
+  if (offset > bytes_ || bytes > bytes_ - offset) {
+    return OutOfRangeError("DeviceBuffer: copy of " + Str(bytes) + " bytes at " + Str(offset) +
+                           " exceeds the buffer (" + Str(bytes_) + " bytes)");
+  }
+  if (bytes == 0) return Status::Ok();
+  TQ_CUDA_RETURN(cudaMemcpy(dst, static_cast<const uint8_t*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost),
+                 "copy to host");
+  return Status::Ok();
+}
+Status DeviceBuffer::Fill(uint8_t byte) {
+  if (bytes_ == 0) return Status::Ok();
+  TQ_CUDA_RETURN(cudaMemset(ptr_, byte, bytes_), "memset");
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// DeviceLayer
+// ---------------------------------------------------------------------------
+struct DeviceLayer::Impl {
+  Layer layer;
+  KVFormat kfmt, vfmt;
+  size_t num_blocks = 0;
+  PlaneBytes bytes;
+  DeviceBuffer k_codes, k_meta, v_codes, v_meta;  // owned planes (may be empty)
+  DeviceBuffer tables;                             // signs, codebooks, pairs, means
+  DeviceBuffer counters;                           // detail::WriteCounters
+  bool has_planes = false;
+  int sm_count = 0;
+};
+
+namespace {
+
+// Host image of one component's tables, appended to `blob` (4-byte words).
+struct CompTables {
+  size_t signs1 = 0, signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0;  // word offsets
+  bool has_mean = false;
+};
+
+Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector<uint32_t>& blob,
+                 CompTables& off) {
+  const KVFormat& f = view.codecs[0]->format();
+  if (f.kind == KVFormatKind::kTurboMse) {
+    off.signs1 = blob.size();
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1) off.signs2 = blob.size();
+      for (size_t h = 0; h < H; ++h) {
+        const Codec* c = view.codecs[h]->codec();
+        if (c == nullptr || c->rotation().block_sizes().size() != 1) {
+          return InternalError("CUDA layer: head " + Str(h) + " has no single-block Hadamard codec");
+        }
+        const float* s = c->rotation().signs(round);
+        for (size_t w = 0; w < D / 32; ++w) {
+          uint32_t m = 0;
+          for (size_t e = 0; e < 32; ++e) {
+            if (s[32 * w + e] < 0) m |= 1u << e;
+          }
+          blob.push_back(m);
+        }
+      }
+    }
+    const Codebook* cb = view.codecs[0]->codec()->codebook(0);
+    const size_t n = cb->size();
+    off.cent = blob.size();
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t w;
+      std::memcpy(&w, &cb->centroids()[i], 4);
+      blob.push_back(w);
+    }
+    off.bnd = blob.size();
+    for (size_t i = 0; i + 1 < n; ++i) {
+      uint32_t w;
+      std::memcpy(&w, &cb->boundaries()[i], 4);
+      blob.push_back(w);
+    }
+    off.pairs = blob.size();
+    for (size_t e = 0; e < n * n; ++e) {
+      const __half lo = __float2half_rn(cb->centroids()[e % n]);
+      const __half hi = __float2half_rn(cb->centroids()[e / n]);
+      uint16_t l16, h16;
+      std::memcpy(&l16, &lo, 2);
+      std::memcpy(&h16, &hi, 2);
+      blob.push_back(static_cast<uint32_t>(l16) | (static_cast<uint32_t>(h16) << 16));
+    }
+    // Every head must share the codebook (same dim and bits).
+    for (size_t h = 1; h < H; ++h) {
+      if (view.codecs[h]->codec()->codebook(0)->fingerprint() != cb->fingerprint()) {
+        return InternalError("CUDA layer: heads use different codebooks");
+      }
+    }
+  }
+  if (view.mean != nullptr) {
+    off.has_mean = true;
+    off.mean = blob.size();
+    for (size_t i = 0; i < H * D; ++i) {
+      uint32_t w;
+      std::memcpy(&w, &view.mean[i], 4);
+      blob.push_back(w);
+    }
+  }
+  return Status::Ok();
+}
+
+void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, const uint32_t* base,
+              Comp& c) {
+  const KVFormat& f = view.codecs[0]->format();
+  c.kind = f.kind == KVFormatKind::kTurboMse ? detail::kCompTq : detail::kCompInt;
+  c.bits = f.bits;
+  c.payload = static_cast<int>(view.payload_bytes);
+  c.stride = static_cast<int>(view.payload_stride);
+  c.meta_bytes = static_cast<int>(view.meta_bytes);
+  c.group = static_cast<int>(EffectiveGroup(f, D));
+  if (c.kind == detail::kCompTq) {
+    c.signs1 = base + off.signs1;
+    c.signs2 = base + off.signs2;
+    c.centroids = reinterpret_cast<const float*>(base + off.cent);
+    c.boundaries = reinterpret_cast<const float*>(base + off.bnd);
+    c.pairs = base + off.pairs;
+  }
+  c.mean = off.has_mean ? reinterpret_cast<const float*>(base + off.mean) : nullptr;
+}
+
+}  // namespace
+
+DeviceLayer::DeviceLayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeviceLayer::DeviceLayer(DeviceLayer&&) noexcept = default;
+DeviceLayer& DeviceLayer::operator=(DeviceLayer&&) noexcept = default;
+DeviceLayer::~DeviceLayer() = default;
+
+size_t DeviceLayer::num_blocks() const { return impl_->num_blocks; }
+size_t DeviceLayer::block_size() const { return static_cast<size_t>(impl_->layer.block_size); }
+size_t DeviceLayer::num_kv_heads() const { return static_cast<size_t>(impl_->layer.H); }
+size_t DeviceLayer::head_dim() const { return static_cast<size_t>(impl_->layer.D); }
+PlaneBytes DeviceLayer::plane_bytes() const { return impl_->bytes; }
+DevicePlanes DeviceLayer::planes() const {
+  const Layer& L = impl_->layer;
+  return {L.k.codes, L.k.meta, L.v.codes, L.v.meta};
+}
+
+Result<DeviceLayer> DeviceLayer::Create(const PagedKVCache& like, size_t layer, size_t num_blocks,
+                                        bool allocate_planes) {
+  Result<PagedLayerView> vr = like.View(layer);
+  if (!vr.ok()) return vr.status();
+  const PagedLayerView& view = *vr;
+  const size_t H = view.num_kv_heads, D = view.head_dim, bs = view.block_size;
+  const KVFormat kf = view.k.codecs[0]->format(), vf = view.v.codecs[0]->format();
+  TQ_RETURN_IF_ERROR(IsSupported(kf, vf, D, bs, 1));
+  if (!DeviceAvailable()) return FailedPreconditionError("CUDA layer: " + DeviceDescription());
+  if (num_blocks == 0) num_blocks = view.num_blocks;
+  if (num_blocks > (size_t{1} << 30)) {
+    return InvalidArgumentError("num_blocks must be in 1..2^30, got " + Str(num_blocks));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->kfmt = kf;
+  impl->vfmt = vf;
+  impl->num_blocks = num_blocks;
+  const size_t rows = num_blocks * H * bs;
+  impl->bytes = {rows * view.k.payload_stride, rows * view.k.meta_bytes, rows * view.v.payload_stride,
+                 rows * view.v.meta_bytes};
+  std::vector<uint32_t> blob;
+  CompTables kt, vt;
+  TQ_RETURN_IF_ERROR(BuildComp(view.k, H, D, blob, kt));
+  TQ_RETURN_IF_ERROR(BuildComp(view.v, H, D, blob, vt));
+  TQ_ASSIGN_OR_RETURN(impl->tables, DeviceBuffer::Allocate(std::max<size_t>(blob.size(), 1) * 4));
+  TQ_RETURN_IF_ERROR(impl->tables.CopyFromHost(blob.data(), blob.size() * 4));
+  TQ_ASSIGN_OR_RETURN(impl->counters, DeviceBuffer::Allocate(sizeof(detail::WriteCounters)));
+  detail::WriteCounters zero{0, 0, 0, ULLONG_MAX};
+  TQ_RETURN_IF_ERROR(impl->counters.CopyFromHost(&zero, sizeof(zero)));
+  Layer& L = impl->layer;
+  L.H = static_cast<int>(H);
+  L.D = static_cast<int>(D);
+  L.block_size = static_cast<int>(bs);
+  L.log2_block = 0;
+  while ((size_t{1} << L.log2_block) < bs) ++L.log2_block;
+  L.num_blocks = static_cast<long long>(num_blocks);
+  const uint32_t* base = static_cast<const uint32_t*>(impl->tables.data());
+  FillComp(view.k, D, kt, base, L.k);
+  FillComp(view.v, D, vt, base, L.v);
+  int dev = 0;
+  TQ_CUDA_RETURN(cudaGetDevice(&dev), "cudaGetDevice");
+  TQ_CUDA_RETURN(cudaDeviceGetAttribute(&impl->sm_count, cudaDevAttrMultiProcessorCount, dev),
+                 "device attribute");
+  if (allocate_planes) {
+    TQ_ASSIGN_OR_RETURN(impl->k_codes, DeviceBuffer::Allocate(impl->bytes.k_codes));
+    TQ_ASSIGN_OR_RETURN(impl->k_meta, DeviceBuffer::Allocate(impl->bytes.k_meta));
+    TQ_ASSIGN_OR_RETURN(impl->v_codes, DeviceBuffer::Allocate(impl->bytes.v_codes));
+    TQ_ASSIGN_OR_RETURN(impl->v_meta, DeviceBuffer::Allocate(impl->bytes.v_meta));
+    TQ_RETURN_IF_ERROR(impl->k_codes.Fill(0));
+    TQ_RETURN_IF_ERROR(impl->k_meta.Fill(0));
+    TQ_RETURN_IF_ERROR(impl->v_codes.Fill(0));
+    TQ_RETURN_IF_ERROR(impl->v_meta.Fill(0));
+    L.k.codes = static_cast<uint8_t*>(impl->k_codes.data());
+    L.k.meta = static_cast<uint8_t*>(impl->k_meta.data());
+    L.v.codes = static_cast<uint8_t*>(impl->v_codes.data());
+    L.v.meta = static_cast<uint8_t*>(impl->v_meta.data());
+    impl->has_planes = true;
+  }
+  return DeviceLayer(std::move(impl));
+}
+
+Status DeviceLayer::BorrowPlanes(const DevicePlanes& p) {
+  const PlaneBytes& b = impl_->bytes;
+  auto bad = [](const void* ptr, size_t need, size_t align) {
+    return (need > 0 && ptr == nullptr) || (reinterpret_cast<uintptr_t>(ptr) % align) != 0;
+  };
+  if (bad(p.k_codes, b.k_codes, 16) || bad(p.v_codes, b.v_codes, 16) || bad(p.k_meta, b.k_meta, 4) ||
+      bad(p.v_meta, b.v_meta, 4)) {
+    return InvalidArgumentError(
+        "BorrowPlanes: codes planes must be non-null and 16-byte aligned, meta planes non-null "
+        "(when the format has metadata) and 4-byte aligned");
+  }
+  Layer& L = impl_->layer;
+  L.k.codes = static_cast<uint8_t*>(p.k_codes);
+  L.k.meta = static_cast<uint8_t*>(p.k_meta);
+  L.v.codes = static_cast<uint8_t*>(p.v_codes);
+  L.v.meta = static_cast<uint8_t*>(p.v_meta);
+  impl_->k_codes = DeviceBuffer();
+  impl_->k_meta = DeviceBuffer();
+  impl_->v_codes = DeviceBuffer();
+  impl_->v_meta = DeviceBuffer();
+  impl_->has_planes = true;
+  return Status::Ok();
+}
+
+namespace {
+int DtypeCode(DType d) { return static_cast<int>(d); }
+bool ValidDtype(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+}  // namespace
+
+Status DeviceLayer::WriteSlots(const void* k, const void* v, DType dtype, size_t tokens,
+                               const int64_t* slot_mapping, void* stream) {
+  if (!impl_->has_planes) return FailedPreconditionError("WriteSlots: the layer has no planes (BorrowPlanes)");
+  if (!ValidDtype(dtype)) return InvalidArgumentError("WriteSlots: dtype must be f32, f16 or bf16");
+  if (tokens == 0) return Status::Ok();
+  if (k == nullptr || v == nullptr || slot_mapping == nullptr) {
+    return InvalidArgumentError("WriteSlots: k, v and slot_mapping must be device pointers, got null");
+  }
+  if (reinterpret_cast<uintptr_t>(k) % 16 != 0 || reinterpret_cast<uintptr_t>(v) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(slot_mapping) % 8 != 0) {
+    return InvalidArgumentError("WriteSlots: k and v must be 16-byte aligned, slot_mapping 8-byte aligned");
+  }
+  if (tokens > (size_t{1} << 40) / impl_->layer.H) return InvalidArgumentError("WriteSlots: too many tokens");
+  const cudaError_t e = detail::LaunchWrite(impl_->layer, k, v, DtypeCode(dtype), static_cast<long long>(tokens),
+                                            slot_mapping, static_cast<detail::WriteCounters*>(impl_->counters.data()),
+                                            static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaError(e, "write kernel launch");
+  return Status::Ok();
+}
+
+Result<WriteErrors> DeviceLayer::TakeErrors(void* stream) {
+  TQ_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "stream synchronize");
+  detail::WriteCounters c{};
+  TQ_RETURN_IF_ERROR(impl_->counters.CopyToHost(&c, sizeof(c)));
+  detail::WriteCounters zero{0, 0, 0, ULLONG_MAX};
+  TQ_RETURN_IF_ERROR(impl_->counters.CopyFromHost(&zero, sizeof(zero)));
+  WriteErrors w;
+  w.out_of_range_slots = c.out_of_range;
+  w.non_finite_inputs = c.non_finite;
+  w.scale_overflows = c.overflow;
+  w.first_bad_token = c.first_bad == ULLONG_MAX ? -1 : static_cast<int64_t>(c.first_bad);
+  return w;
+}
+
+Result<DecodePlan> DeviceLayer::PlanDecode(size_t batch, size_t num_q_heads, size_t max_seq_len) const {
+  const Layer& L = impl_->layer;
+  if (batch == 0 || batch > 65535) return InvalidArgumentError("PlanDecode: batch must be in 1..65535, got " + Str(batch));
+  if (num_q_heads == 0 || num_q_heads % L.H != 0 || num_q_heads / L.H > 8) {
+    return InvalidArgumentError("PlanDecode: num_q_heads (" + Str(num_q_heads) + ") must be a multiple of the " +
+                                Str(L.H) + " KV heads, with 1..8 query heads per KV head");
+  }
+  if (max_seq_len == 0 || max_seq_len > (size_t{1} << 30)) {
+    return InvalidArgumentError("PlanDecode: max_seq_len must be in 1..2^30, got " + Str(max_seq_len));
+  }
+  // Enough CTAs for about four per SM, at least 256 tokens a split.
+  const size_t pairs = batch * static_cast<size_t>(L.H);
+  const size_t target = static_cast<size_t>(std::max(impl_->sm_count, 1)) * 4;
+  size_t splits = std::max<size_t>(1, (target + pairs - 1) / pairs);
+  splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
+  size_t tps = (max_seq_len + splits - 1) / splits;
+  tps = (tps + 63) / 64 * 64;
+  splits = (max_seq_len + tps - 1) / tps;
+  DecodePlan p;
+  p.splits = splits;
+  p.tokens_per_split = tps;
+  detail::DecodeShape s;
+  s.batch = static_cast<int>(batch);
+  s.hq = static_cast<int>(num_q_heads);
+  s.splits = static_cast<int>(splits);
+  p.workspace_bytes = detail::DecodeWorkspaceBytes(s, L.D);
+  return p;
+}
+
+Status DeviceLayer::PagedDecode(const DecodeArgs& a, void* stream) const {
+  const Layer& L = impl_->layer;
+  if (!impl_->has_planes) return FailedPreconditionError("PagedDecode: the layer has no planes (BorrowPlanes)");
+  if (a.plan == nullptr) return InvalidArgumentError("PagedDecode: args.plan is required (PlanDecode)");
+  if (!ValidDtype(a.q_dtype) || !ValidDtype(a.out_dtype)) {
+    return InvalidArgumentError("PagedDecode: q and out dtypes must be f32, f16 or bf16");
+  }
+  if (a.q == nullptr || a.out == nullptr || a.block_tables == nullptr || a.seq_lens == nullptr ||
+      a.workspace == nullptr) {
+    return InvalidArgumentError("PagedDecode: q, out, block_tables, seq_lens and workspace must be device pointers, got null");
+  }
+  Result<DecodePlan> want = PlanDecode(a.batch, a.num_q_heads, a.max_seq_len);
+  if (!want.ok()) return want.status();
+  if (want->splits != a.plan->splits || want->tokens_per_split != a.plan->tokens_per_split) {
+    return InvalidArgumentError("PagedDecode: the plan was made for another shape; call PlanDecode(batch, num_q_heads, max_seq_len)");
+  }
+  if (a.workspace_bytes < want->workspace_bytes) {
+    return InvalidArgumentError("PagedDecode: workspace has " + Str(a.workspace_bytes) + " bytes, needs " +
+                                Str(want->workspace_bytes));
+  }
+  if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0) {
+    return InvalidArgumentError("PagedDecode: workspace must be 256-byte aligned and q 16-byte aligned");
+  }
+  if (a.max_blocks_per_seq == 0 || a.max_blocks_per_seq * static_cast<size_t>(L.block_size) < a.max_seq_len ||
+      a.max_blocks_per_seq > INT_MAX) {
+    return InvalidArgumentError("PagedDecode: max_blocks_per_seq (" + Str(a.max_blocks_per_seq) +
+                                ") pages of " + Str(L.block_size) + " tokens must hold max_seq_len (" +
+                                Str(a.max_seq_len) + ")");
+  }
+  if (a.window > INT_MAX) return InvalidArgumentError("PagedDecode: window too large");
+  const float scale = a.scale > 0.f ? a.scale : 1.0f / std::sqrt(static_cast<float>(L.D));
+  if (!std::isfinite(scale)) return InvalidArgumentError("PagedDecode: scale must be finite");
+  detail::DecodeShape s;
+  s.batch = static_cast<int>(a.batch);
+  s.hq = static_cast<int>(a.num_q_heads);
+  s.group = static_cast<int>(a.num_q_heads / L.H);
+  s.max_blocks = static_cast<int>(a.max_blocks_per_seq);
+  s.splits = static_cast<int>(a.plan->splits);
+  s.tokens_per_split = static_cast<int>(a.plan->tokens_per_split);
+  s.window = static_cast<int>(a.window);
+  s.scale_log2 = scale * 1.4426950408889634f;
+  const cudaError_t e = detail::LaunchDecode(L, s, a.q, DtypeCode(a.q_dtype), a.out, DtypeCode(a.out_dtype),
+                                             a.block_tables, a.seq_lens, a.workspace,
+                                             static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaError(e, "decode launch");
+  return Status::Ok();
+}
+
+namespace {
+Status CheckSameGeometry(const DeviceLayer::Impl& d, const PagedLayerView& v) {
+  const Layer& L = d.layer;
+  if (v.num_blocks != d.num_blocks || v.block_size != static_cast<size_t>(L.block_size) ||
+      v.num_kv_heads != static_cast<size_t>(L.H) || v.head_dim != static_cast<size_t>(L.D) ||
+      ToString(v.k.codecs[0]->format()) != ToString(d.kfmt) || ToString(v.v.codecs[0]->format()) != ToString(d.vfmt)) {
+    return InvalidArgumentError("host and device layers differ in pool size, block size, heads, head_dim or formats");
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status DeviceLayer::CopyToHost(PagedKVCache& host, size_t layer) const {
+  TQ_ASSIGN_OR_RETURN(PagedLayerView v, host.View(layer));
+  TQ_RETURN_IF_ERROR(CheckSameGeometry(*impl_, v));
+  TQ_ASSIGN_OR_RETURN(PagedKVCache::RawPlanes r, host.MutablePlanes(layer));
+  const Layer& L = impl_->layer;
+  const PlaneBytes& b = impl_->bytes;
+  TQ_CUDA_RETURN(cudaMemcpy(r.k_codes, L.k.codes, b.k_codes, cudaMemcpyDeviceToHost), "copy K codes");
+  if (b.k_meta) TQ_CUDA_RETURN(cudaMemcpy(r.k_meta, L.k.meta, b.k_meta, cudaMemcpyDeviceToHost), "copy K meta");
+  TQ_CUDA_RETURN(cudaMemcpy(r.v_codes, L.v.codes, b.v_codes, cudaMemcpyDeviceToHost), "copy V codes");
+  if (b.v_meta) TQ_CUDA_RETURN(cudaMemcpy(r.v_meta, L.v.meta, b.v_meta, cudaMemcpyDeviceToHost), "copy V meta");
+  return Status::Ok();
+}
+
+Status DeviceLayer::CopyFromHost(const PagedKVCache& host, size_t layer) {
+  TQ_ASSIGN_OR_RETURN(PagedLayerView v, host.View(layer));
+  TQ_RETURN_IF_ERROR(CheckSameGeometry(*impl_, v));
+  const Layer& L = impl_->layer;
+  const PlaneBytes& b = impl_->bytes;
+  TQ_CUDA_RETURN(cudaMemcpy(L.k.codes, v.k.codes, b.k_codes, cudaMemcpyHostToDevice), "copy K codes");
+  if (b.k_meta) TQ_CUDA_RETURN(cudaMemcpy(L.k.meta, v.k.meta, b.k_meta, cudaMemcpyHostToDevice), "copy K meta");
+  TQ_CUDA_RETURN(cudaMemcpy(L.v.codes, v.v.codes, b.v_codes, cudaMemcpyHostToDevice), "copy V codes");
+  if (b.v_meta) TQ_CUDA_RETURN(cudaMemcpy(L.v.meta, v.v.meta, b.v_meta, cudaMemcpyHostToDevice), "copy V meta");
+  return Status::Ok();
+}
+
+}  // namespace tq::cuda

@@ -1,0 +1,176 @@
+// CUDA backend (target tq_cuda, CMake option TQ_ENABLE_CUDA): fused
+// quantize-and-write into device pages and fused paged decode attention on
+// packed keys and values.
+//
+// Pages on the device have exactly the layout of PagedKVCache
+// (docs/FORMAT.md, "Paged KV layout"), so pages written on the GPU decode on
+// the CPU and the other way round. The write kernel follows the arithmetic
+// contract of docs/FORMAT.md (fp32, round-to-nearest, no FMA contraction, the
+// canonical summation orders): its bytes equal the CPU encoder's.
+//
+// Every call validates its arguments on the host and returns a Status; kernels
+// run asynchronously on the caller's stream (a cudaStream_t passed as void*,
+// nullptr = the legacy default stream). Decode is CUDA-graph safe: it
+// allocates nothing and never synchronizes with the host; its workspace is
+// sized by PlanDecode. This header needs no CUDA headers.
+//
+// Supported (IsSupported lists it when a combination is refused):
+//   head_dim 64, 128, 256; block_size a power of two (1..1024);
+//   keys: TurboQuant-MSE 2, 3, 4 bits (presets kK_vV with K in {2,3,4});
+//   values: TurboQuant-MSE 2, 3, 4 bits, or group-integer (int-asym) 2, 3, 4,
+//   8 bits whose group is a multiple of head_dim/8 channels (g32 and row);
+//   GQA ratio (query heads per KV head) 1..8; fp16, bf16 or fp32 queries,
+//   keys/values to write and outputs.
+// Not supported on the GPU: dense/int8/QJL/split formats, soft-cap, dense
+// sink and recent windows (a PagedKVCache has none), prefill.
+#ifndef TQ_CUDA_H_
+#define TQ_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tq/kv_format.h"
+#include "tq/paged_kv_cache.h"
+#include "tq/status.h"
+
+namespace tq::cuda {
+
+// True when this build has the CUDA backend and a CUDA device is usable.
+bool DeviceAvailable();
+// "NVIDIA H200 (sm_90, 132 SMs)" or why no device is usable.
+std::string DeviceDescription();
+
+// Ok when the GPU kernels handle keys `key`, values `value` at this geometry;
+// otherwise Unimplemented, naming the part that is not supported and listing
+// what is.
+Status IsSupported(const KVFormat& key, const KVFormat& value, size_t head_dim,
+                   size_t block_size, size_t gqa_ratio = 1);
+
+// Waits for the stream (nullptr: the legacy default stream) and reports any
+// error of the work queued on it (a failed kernel, a bad memory access).
+Status Synchronize(void* stream = nullptr);
+
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Device memory owned by the caller through RAII (cudaMalloc / cudaFree).
+class DeviceBuffer {
+ public:
+  static Result<DeviceBuffer> Allocate(size_t bytes);
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&&) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&&) noexcept;
+  ~DeviceBuffer();
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  // Synchronous copies (whole spans, at a byte offset of the buffer).
+  Status CopyFromHost(const void* src, size_t bytes, size_t offset = 0);
+  Status CopyToHost(void* dst, size_t bytes, size_t offset = 0) const;
+  Status Fill(uint8_t byte);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The four planes of one layer on the device (borrowed pointers: device
+// memory the caller owns, e.g. torch tensors). The codes planes must be
+// 16-byte aligned. Sizes: DeviceLayer::PlaneBytes.
+struct DevicePlanes {
+  void* k_codes = nullptr;
+  void* k_meta = nullptr;  // nullptr when the key format has no metadata
+  void* v_codes = nullptr;
+  void* v_meta = nullptr;
+};
+
+struct PlaneBytes {
+  size_t k_codes = 0, k_meta = 0, v_codes = 0, v_meta = 0;
+};
+
+// Errors found by the write kernel on the device (counted, not fatal).
+struct WriteErrors {
+  uint64_t out_of_range_slots = 0;  // slot >= capacity: token skipped
+  uint64_t non_finite_inputs = 0;   // NaN/Inf in a row: row skipped
+  uint64_t scale_overflows = 0;     // a scale beyond fp16: row skipped
+  int64_t first_bad_token = -1;     // smallest token index with any error
+  bool ok() const { return out_of_range_slots + non_finite_inputs + scale_overflows == 0; }
+};
+
+struct DecodePlan {
+  size_t splits = 0;           // token chunks per (sequence, KV head)
+  size_t tokens_per_split = 0;
+  size_t workspace_bytes = 0;  // pass a device buffer at least this large
+};
+
+struct DecodeArgs {
+  const void* q = nullptr;       // [batch][num_q_heads][head_dim], q_dtype
+  DType q_dtype = DType::kF16;
+  void* out = nullptr;           // [batch][num_q_heads][head_dim], out_dtype
+  DType out_dtype = DType::kF16;
+  size_t batch = 0;
+  size_t num_q_heads = 0;
+  const int32_t* block_tables = nullptr;  // device [batch][max_blocks_per_seq]
+  size_t max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;      // device [batch], each <= max_seq_len
+  size_t max_seq_len = 0;                 // bound used to plan the splits
+  float scale = 0.0f;                     // 0: 1/sqrt(head_dim)
+  size_t window = 0;                      // > 0: the last `window` tokens only
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  const DecodePlan* plan = nullptr;       // from PlanDecode with the same shape
+};
+
+// One layer of a paged cache on the device: per-head rotation signs,
+// codebooks and means uploaded once, planes owned or borrowed.
+class DeviceLayer {
+ public:
+  // Formats, codecs (rotation signs, codebooks) and means of `layer` of the
+  // host cache `like`; the device pool has `num_blocks` pages of the host
+  // cache's block size (0 = the host pool's size). Fails when the layer's
+  // formats are not supported (IsSupported). Planes are allocated (zeroed)
+  // unless `allocate_planes` is false; then call BorrowPlanes.
+  static Result<DeviceLayer> Create(const PagedKVCache& like, size_t layer,
+                                    size_t num_blocks = 0, bool allocate_planes = true);
+  DeviceLayer(DeviceLayer&&) noexcept;
+  DeviceLayer& operator=(DeviceLayer&&) noexcept;
+  ~DeviceLayer();
+
+  size_t num_blocks() const;
+  size_t block_size() const;
+  size_t num_kv_heads() const;
+  size_t head_dim() const;
+  PlaneBytes plane_bytes() const;
+  DevicePlanes planes() const;
+  Status BorrowPlanes(const DevicePlanes& planes);
+
+  // vLLM-style reshape-and-cache: k, v [tokens][num_kv_heads][head_dim] of
+  // `dtype` on the device, slot_mapping [tokens] int64 on the device
+  // (slot < 0: skipped). Rows with an out-of-range slot or invalid input
+  // are skipped and counted (TakeErrors); every other row is written.
+  Status WriteSlots(const void* k, const void* v, DType dtype, size_t tokens,
+                    const int64_t* slot_mapping, void* stream = nullptr);
+  // Synchronizes the stream, returns the errors counted since the last call
+  // and resets the counters.
+  Result<WriteErrors> TakeErrors(void* stream = nullptr);
+
+  Result<DecodePlan> PlanDecode(size_t batch, size_t num_q_heads, size_t max_seq_len) const;
+  Status PagedDecode(const DecodeArgs& args, void* stream = nullptr) const;
+
+  // Whole-plane copies between the device and a host PagedKVCache with the
+  // same geometry (same layer formats, block size and pool size).
+  Status CopyToHost(PagedKVCache& host, size_t layer) const;
+  Status CopyFromHost(const PagedKVCache& host, size_t layer);
+
+  struct Impl;
+
+ private:
+  explicit DeviceLayer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tq::cuda
+
+#endif  // TQ_CUDA_H_
