@@ -44,10 +44,10 @@ def kvcfg(preset, **kw):
 def run_steps(model, ids, cache, steps):
     """Prefill ids, then `steps` single-token decodes of fixed tokens; logits [len+steps, vocab]."""
     with torch.no_grad():
-        out = [model(ids[:, :-steps], cache=cache, use_cache=True).logits[0]]
+        out = [model(ids[:, :-steps], use_cache=True, **{hf.cache_kwarg(model): cache}).logits[0]]
         for i in range(steps, 0, -1):
             tok = ids[:, -i:][:, :1]
-            out.append(model(tok, cache=cache, use_cache=True).logits[0])
+            out.append(model(tok, use_cache=True, **{hf.cache_kwarg(model): cache}).logits[0])
     return torch.cat(out)
 
 
@@ -126,7 +126,7 @@ def test_bytes_held_vs_dense():
     model.set_attn_implementation(hf.ATTENTION_NAME)
     cache = hf.TurboQuantCache(model.config, kv_config=KVQuantConfig(preset="k4_v4", recent_window=64))
     with torch.no_grad():
-        model(ids, cache=cache)
+        model(ids, **{hf.cache_kwarg(model): cache})
     led = cache.ledger()
     assert led["total"] == cache.nbytes() > 0
     assert led["tokens"] == 2 * 1 * 600  # layers x kv heads x tokens
@@ -175,7 +175,7 @@ def test_production_route_refuses_to_densify():
     model.set_attn_implementation(hf.ATTENTION_NAME)
     with torch.no_grad():
         with pytest.raises(IntegrationError, match="TurboQuantCache"):
-            model(ids, cache=DynamicCache(), use_cache=True)
+            model(ids, use_cache=True, **{hf.cache_kwarg(model): DynamicCache()})
         with pytest.raises(IntegrationError, match="TurboQuantCache"):
             model(ids, use_cache=False)
         # padding is not silently ignored
@@ -183,9 +183,9 @@ def test_production_route_refuses_to_densify():
         mask = torch.ones(2, 16, dtype=torch.long)
         mask[1, :3] = 0
         with pytest.raises(IntegrationError, match="causal"):
-            model(ids.repeat(2, 1), attention_mask=mask, cache=cache, use_cache=True)
+            model(ids.repeat(2, 1), attention_mask=mask, use_cache=True, **{hf.cache_kwarg(model): cache})
         cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4"))
-        model(ids, cache=cache)
+        model(ids, **{hf.cache_kwarg(model): cache})
         with pytest.raises(IntegrationError, match="crop"):
             cache.crop(-2)
     with pytest.raises(ProductionModeError):
@@ -202,7 +202,7 @@ def test_per_layer_policy_from_config():
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(7))
     model.set_attn_implementation(hf.ATTENTION_NAME)
     with torch.no_grad():
-        model(ids, cache=cache)
+        model(ids, **{hf.cache_kwarg(model): cache})
     kv_heads, d = 2, 64
     expect = 64 * kv_heads * (tq.preset_bytes_per_token_head("k8_v8", d) + tq.preset_bytes_per_token_head("k3_v3", d))
     led = cache.ledger()
@@ -218,7 +218,7 @@ def test_diagnostic_compressed_dynamic_cache():
         cache = hf.CompressedDynamicCache(head_dim=64, bits=4, seed=1)
     assert cache.route == "diagnostic"
     with torch.no_grad():
-        got = model(ids, cache=cache).logits[0]
+        got = model(ids, **{hf.cache_kwarg(model): cache}).logits[0]
     # it holds dequantized dense tensors: that is what makes it diagnostic
     k = cache.layers[0].keys
     assert k.shape == (1, 2, 48, 64)
@@ -227,7 +227,7 @@ def test_diagnostic_compressed_dynamic_cache():
     with pytest.warns(UserWarning):
         exact = hf.CompressedDynamicCache(head_dim=64, k_bits=16, v_bits=16)
     with torch.no_grad():
-        assert torch.allclose(model(ids, cache=exact).logits[0], ref, atol=1e-5)
+        assert torch.allclose(model(ids, **{hf.cache_kwarg(model): exact}).logits[0], ref, atol=1e-5)
     with pytest.warns(UserWarning):
         per_layer = hf.CompressedDynamicCache(head_dim=64, model_config=KVQuantConfig(
             preset="k2_v2", layer_presets={0: "k8_v8"}), config=model.config)

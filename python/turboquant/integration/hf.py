@@ -18,7 +18,7 @@ Two routes:
 
 CPU only: CUDA tensors raise ``IntegrationError`` (the package has no CUDA
 backend). Written against the transformers 5.x ``Cache``/``CacheLayerMixin``
-API (tested with 5.24, torch 2.15 CPU).
+API (tested with transformers 5.24 and 5.17, torch 2.15 CPU).
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ __all__ = [
     "CompressedDynamicCache",
     "TurboQuantCache",
     "TurboQuantLayer",
+    "cache_kwarg",
     "generate",
     "model_shape",
     "register",
@@ -151,8 +152,8 @@ class TurboQuantLayer(CacheLayerMixin):
             raise IntegrationError(
                 f"layer {self.layer_idx}: batch size changed from {self.batch_size} to {b} "
                 "(beam search / batch reordering is not supported by TurboQuantCache)")
-        if b > owner.max_batch_size:
-            raise ValueError(f"batch size {b} exceeds max_batch_size={owner.max_batch_size}")
+        if b > owner.batch_capacity:
+            raise ValueError(f"batch size {b} exceeds the cache's max_batch_size={owner.batch_capacity}")
         k = _cpu_f32(key_states, "key_states")
         v = _cpu_f32(value_states, "value_states")
         for i in range(b):
@@ -171,6 +172,9 @@ class TurboQuantLayer(CacheLayerMixin):
         return self.get_seq_length() + query_length, 0
 
     def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:  # the name in transformers < 5.2x
         return -1
 
     def offload(self):
@@ -227,7 +231,7 @@ class TurboQuantCache(Cache):
         self.kv_config = kv_config
         self.layer_presets = policy_from_config(kv_config, num_layers)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.max_batch_size = max_batch_size
+        self.batch_capacity = max_batch_size  # (Cache.max_batch_size is a read-only property in some 5.x)
         self.threads = threads
         self.stats = CacheStats()
         self._tq = _core.KVCache(
@@ -246,7 +250,7 @@ class TurboQuantCache(Cache):
         return self._tq
 
     def reset(self):
-        for seq in range(self.max_batch_size):
+        for seq in range(self.batch_capacity):
             self._tq.free(seq)
         for layer in self.layers:
             layer.reset()
@@ -345,13 +349,18 @@ def register(name: str = ATTENTION_NAME) -> str:
 register()
 
 
-def generate(model, input_ids, cache: Cache, **kwargs):
-    """``model.generate`` with ``cache`` passed under the name this
-    transformers version expects (``cache`` or ``past_key_values``)."""
+def cache_kwarg(model) -> str:
+    """The name under which this transformers version's ``forward`` takes the
+    cache: ``cache`` (recent 5.x) or ``past_key_values`` (earlier)."""
     params = inspect.signature(model.forward).parameters
-    name = "cache" if "cache" in params else "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def generate(model, input_ids, cache: Cache, **kwargs):
+    """``model.generate`` (greedy unless told otherwise) with ``cache`` passed
+    under the name this transformers version expects."""
     kwargs.setdefault("do_sample", False)
-    return model.generate(input_ids, **{name: cache}, **kwargs)
+    return model.generate(input_ids, **{cache_kwarg(model): cache}, **kwargs)
 
 
 # ---------------------------------------------------------------------------
