@@ -250,7 +250,7 @@ TEST(FastScanKernel, EveryTargetEqualsReference) {
 TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
   RestoreTarget restore;
   struct Reset {
-    ~Reset() { SetFusedBuildForTest(true); }
+    ~Reset() { SetFusedBuildForTest(1); }
   } reset;
   for (size_t dim : {100, 36, 7}) {
     const size_t n = 150;
@@ -267,8 +267,8 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
         IndexSpec spec{.dim = dim, .bits = bits, .metric = Metric::kCosine,
                        .rotation = RotationKind::kHaar, .scales = IndexScales::kNone,
                        .norm_correction = nc, .store_originals = bits == 2, .seed = 3};
-        auto build = [&](bool fused) {
-          SetFusedBuildForTest(fused);
+        auto build = [&](int mode) {
+          SetFusedBuildForTest(mode);
           auto index = FlatIndex::Create(spec);
           EXPECT_TRUE(index.ok()) << index.status().ToString();
           const size_t cuts[] = {0, 5, 45, 101, n};  // 5, 40, 56, 49 rows
@@ -279,17 +279,19 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
           }
           return std::move(index).value();
         };
-        FlatIndex want = build(false);
+        FlatIndex want = build(0);
         const std::vector<uint8_t> want_file = want.Serialize();
         std::vector<float> want_rec(n * dim);
         for (size_t i = 0; i < n; ++i) {
           ASSERT_TRUE(want.Reconstruct(static_cast<int64_t>(i),
                                        std::span<float>(want_rec.data() + i * dim, dim)).ok());
         }
-        for (int64_t target : ScanTargets()) {
-          ForceScanTarget(target);
-          FlatIndex got = build(true);
-          const std::string where = std::string(ScanTargetName(target)) + " dim " +
+        std::vector<int64_t> targets = ScanTargets();
+        targets.push_back(-1);  // dispatch, every lane through the fallback
+        for (int64_t target : targets) {
+          ForceScanTarget(target < 0 ? 0 : target);
+          FlatIndex got = build(target < 0 ? 2 : 1);
+          const std::string where = std::string(target < 0 ? "fallback" : ScanTargetName(target)) + " dim " +
                                     std::to_string(dim) + " bits " + std::to_string(bits) +
                                     " nc " + std::to_string(nc);
           EXPECT_EQ(got.Serialize(), want_file) << where;
@@ -307,8 +309,8 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
     std::vector<float> bad = x;
     bad[70 * dim + 2] = NAN;
     for (size_t j = 0; j < dim; ++j) bad[40 * dim + j] = 0.0f;
-    for (bool fused : {false, true}) {
-      SetFusedBuildForTest(fused);
+    for (int mode : {0, 1, 2}) {
+      SetFusedBuildForTest(mode);
       auto index = FlatIndex::Create({.dim = dim, .bits = 2, .metric = Metric::kCosine,
                                       .rotation = RotationKind::kHaar,
                                       .scales = IndexScales::kNone});

@@ -99,9 +99,10 @@ HWY_INLINE void RotateBlock(const float* HWY_RESTRICT mt, size_t dim, size_t jb,
   for (size_t i = 0; i < dim; ++i, m += dim, xp += kGroup) {
     VF xv[kRV];
     for (size_t v = 0; v < kRV; ++v) xv[v] = hn::Load(df, xp + v * kN);
-    HWY_UNROLL(1)
+#pragma GCC unroll 16
     for (size_t jj = 0; jj < J; ++jj) {
       const VF mv = hn::Set(df, m[jj]);
+#pragma GCC unroll 4
       for (size_t v = 0; v < kRV; ++v) acc[jj][v] = hn::Add(acc[jj][v], hn::Mul(mv, xv[v]));
     }
   }
@@ -138,6 +139,97 @@ HWY_INLINE VF Fold16(float* acc, size_t v) {
   return hn::Load(df, acc + v * kN);
 }
 
+constexpr int kModeTable = 1;  // sorted boundaries, 2^bits <= lanes: binary search by lookups
+constexpr int kModeBlend = 2;  // sorted: compare every boundary, centroid by blends
+constexpr int kModeCount = 3;  // unsorted or NaN boundaries: count, centroid from memory
+
+// Quantizes the rotated rows yt ([dim][32]) with inv (1/norm per lane),
+// accumulates the centroids' squares into ssc[j % 16], and writes the slots'
+// nibbles into group (lanes outside lane_ok zero).
+template <int kBits, int kMode>
+HWY_NOINLINE void QuantizeAll(const BuildArgs& a, const float* HWY_RESTRICT yt, const VF* inv,
+                              const VI* lane_ok, float* HWY_RESTRICT ssc, uint8_t* group,
+                              bool fresh) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DI> d8;
+  constexpr int kLev = 1 << kBits;
+  constexpr size_t kG = kBits == 1 ? 4 : kBits == 2 ? 2 : 1;  // coordinates per slot
+  const size_t dim = a.dim;
+  // kModeTable: step s = kLev/4, ..., 1 (the first step, kLev/2, compares with
+  // one boundary) looks up boundary idx + s - 1 in shifted[step].
+  VF shifted[4];
+  VF vcen = hn::Zero(df);
+  if constexpr (kMode == kModeTable) {
+    int st = 0;
+    for (int sz = kLev / 4; sz >= 1; sz /= 2, ++st) {
+      HWY_ALIGN float t[kN];
+      for (size_t k = 0; k < kN; ++k) {
+        const size_t pos = k + static_cast<size_t>(sz) - 1;
+        t[k] = a.boundaries[pos < kLev - 1 ? pos : kLev - 2];
+      }
+      shifted[st] = hn::Load(df, t);
+    }
+    HWY_ALIGN float c[kN];
+    for (size_t k = 0; k < kN; ++k) c[k] = a.centroids[k < kLev ? k : kLev - 1];
+    vcen = hn::Load(df, c);
+  }
+  const VF mid = hn::Set(df, a.boundaries[kLev / 2 - 1]);
+  size_t lane16 = 0;
+  for (size_t j = 0; j < dim;) {
+    uint8_t* dst = group + 16 * (j / kG);
+    VI slot[kV];
+    for (size_t v = 0; v < kV; ++v) slot[v] = hn::Zero(di);
+    for (size_t t = 0; t < kG && j < dim; ++t, ++j) {
+      float* sc = ssc + lane16 * kGroup;
+      lane16 = (lane16 + 1) & 15;
+      for (size_t v = 0; v < kV; ++v) {
+        const VF u = hn::Mul(hn::Load(df, yt + j * kGroup + v * kN), inv[v]);
+        VI idx;
+        VF c;
+        if constexpr (kMode == kModeTable) {
+          idx = hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(u, mid)), hn::Set(di, kLev / 2));
+          int st = 0;
+          for (int sz = kLev / 4; sz >= 1; sz /= 2, ++st) {
+            const VF b = hn::TableLookupLanes(shifted[st], hn::IndicesFromVec(df, idx));
+            idx = hn::Add(idx, hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(u, b)), hn::Set(di, sz)));
+          }
+          c = hn::TableLookupLanes(vcen, hn::IndicesFromVec(df, idx));
+        } else {
+          idx = hn::Zero(di);
+          c = hn::Set(df, a.centroids[0]);
+          for (int k = 0; k < kLev - 1; ++k) {
+            const auto ge = hn::Ge(u, hn::Set(df, a.boundaries[k]));
+            idx = hn::Sub(idx, hn::VecFromMask(di, hn::RebindMask(di, ge)));
+            if constexpr (kMode == kModeBlend) {
+              c = hn::IfThenElse(ge, hn::Set(df, a.centroids[k + 1]), c);
+            }
+          }
+          if constexpr (kMode == kModeCount) {
+            HWY_ALIGN int32_t ib[kN];
+            HWY_ALIGN float cb[kN];
+            hn::Store(idx, di, ib);
+            for (size_t l = 0; l < kN; ++l) cb[l] = a.centroids[ib[l]];
+            c = hn::Load(df, cb);
+          }
+        }
+        hn::Store(hn::Add(hn::Load(df, sc + v * kN), hn::Mul(c, c)), df, sc + v * kN);
+        slot[v] = hn::Or(slot[v], hn::ShiftLeftSame(idx, static_cast<int>(t) * kBits));
+      }
+    }
+    for (size_t h = 0; h < kV / 2; ++h) {
+      const VI lo4 = hn::And(slot[h], lane_ok[h]);
+      const VI hi4 = hn::And(slot[h + kV / 2], lane_ok[h + kV / 2]);
+      const auto bytes = hn::DemoteTo(d8, hn::Or(lo4, hn::ShiftLeft<4>(hi4)));
+      if (fresh) {
+        hn::StoreU(bytes, d8, dst + h * kN);
+      } else {
+        hn::StoreU(hn::Or(bytes, hn::LoadU(d8, dst + h * kN)), d8, dst + h * kN);
+      }
+    }
+  }
+}
+
 }  // namespace build
 
 HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t lo, size_t hi,
@@ -164,11 +256,33 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
     s.off[i] = static_cast<int32_t>(r * dim);
   }
   {
-    VI off[kV];
-    for (size_t v = 0; v < kV; ++v) off[v] = hn::Load(di, s.off + v * kN);
-    for (size_t j = 0; j < dim; ++j) {
-      for (size_t v = 0; v < kV; ++v) {
-        hn::Store(hn::GatherIndex(df, x + j, off[v]), df, xt + j * kGroup + v * kN);
+    // 4 x 4 blocks through 128-bit registers (every x86 target has them).
+    const hn::Full128<float> d4;
+    const hn::Full128<double> d2;
+    const size_t j4 = dim / 4 * 4;
+    for (size_t r4 = 0; r4 < kGroup; r4 += 4) {
+      const float* x0 = x + s.off[r4];
+      const float* x1 = x + s.off[r4 + 1];
+      const float* x2 = x + s.off[r4 + 2];
+      const float* x3 = x + s.off[r4 + 3];
+      float* out = xt + r4;
+      for (size_t j = 0; j < j4; j += 4) {
+        const auto a = hn::LoadU(d4, x0 + j), b = hn::LoadU(d4, x1 + j);
+        const auto c = hn::LoadU(d4, x2 + j), e = hn::LoadU(d4, x3 + j);
+        const auto ab0 = hn::BitCast(d2, hn::InterleaveLower(d4, a, b));  // a0 b0 a1 b1
+        const auto ab1 = hn::BitCast(d2, hn::InterleaveUpper(d4, a, b));  // a2 b2 a3 b3
+        const auto ce0 = hn::BitCast(d2, hn::InterleaveLower(d4, c, e));
+        const auto ce1 = hn::BitCast(d2, hn::InterleaveUpper(d4, c, e));
+        hn::Store(hn::BitCast(d4, hn::InterleaveLower(d2, ab0, ce0)), d4, out + j * kGroup);
+        hn::Store(hn::BitCast(d4, hn::InterleaveUpper(d2, ab0, ce0)), d4, out + (j + 1) * kGroup);
+        hn::Store(hn::BitCast(d4, hn::InterleaveLower(d2, ab1, ce1)), d4, out + (j + 2) * kGroup);
+        hn::Store(hn::BitCast(d4, hn::InterleaveUpper(d2, ab1, ce1)), d4, out + (j + 3) * kGroup);
+      }
+      for (size_t j = j4; j < dim; ++j) {
+        out[j * kGroup] = x0[j];
+        out[j * kGroup + 1] = x1[j];
+        out[j * kGroup + 2] = x2[j];
+        out[j * kGroup + 3] = x3[j];
       }
     }
   }
@@ -227,67 +341,20 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
     lane_ok[v] = hn::Load(di, okl);
   }
   std::memset(s.ssc, 0, sizeof(s.ssc));
-  const int bits = a.bits;
-  const int nlev = 1 << bits;
-  const size_t g = static_cast<size_t>(a.layout->coords_per_slot);
-  const bool table = a.sorted && nlev <= static_cast<int>(kN);
-  HWY_ALIGN float bnd[kN > 16 ? kN : 16] = {};
-  HWY_ALIGN float cen[kN > 16 ? kN : 16] = {};
-  for (int k = 0; k < static_cast<int>(kN) && k < 16; ++k) {
-    bnd[k] = a.boundaries[k < nlev - 1 ? k : nlev - 2 < 0 ? 0 : nlev - 2];
-    cen[k] = a.centroids[k < nlev ? k : nlev - 1];
-  }
-  const VF vbnd = hn::Load(df, bnd), vcen = hn::Load(df, cen);
-  VI slot[kV];
-  for (size_t v = 0; v < kV; ++v) slot[v] = hn::Zero(di);
   const bool fresh = lo == 0;  // lanes >= hi of the group are zero: store, else OR in
-  for (size_t j = 0; j < dim; ++j) {
-    const size_t t = j % g;
-    float* sc = s.ssc + (j % 16) * kGroup;
-    for (size_t v = 0; v < kV; ++v) {
-      const VF u = hn::Mul(hn::Load(df, yt + j * kGroup + v * kN), inv[v]);
-      VI idx = hn::Zero(di);
-      VF c;
-      if (table) {
-        for (int st = nlev / 2; st >= 1; st /= 2) {
-          const VF b = hn::TableLookupLanes(
-              vbnd, hn::IndicesFromVec(df, hn::Add(idx, hn::Set(di, st - 1))));
-          idx = hn::Add(idx, hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(u, b)), hn::Set(di, st)));
-        }
-        c = hn::TableLookupLanes(vcen, hn::IndicesFromVec(df, idx));
-      } else {
-        c = hn::Set(df, a.centroids[0]);
-        for (int k = 0; k < nlev - 1; ++k) {
-          const auto ge = hn::Ge(u, hn::Set(df, a.boundaries[k]));
-          idx = hn::Sub(idx, hn::VecFromMask(di, hn::RebindMask(di, ge)));
-          if (a.sorted) c = hn::IfThenElse(ge, hn::Set(df, a.centroids[k + 1]), c);
-        }
-        if (!a.sorted) {
-          HWY_ALIGN int32_t ib[kN];
-          HWY_ALIGN float cb[kN];
-          hn::Store(idx, di, ib);
-          for (size_t l = 0; l < kN; ++l) cb[l] = a.centroids[ib[l]];
-          c = hn::Load(df, cb);
-        }
-      }
-      hn::Store(hn::Add(hn::Load(df, sc + v * kN), hn::Mul(c, c)), df, sc + v * kN);
-      slot[v] = hn::Or(slot[v], hn::ShiftLeftSame(idx, static_cast<int>(t) * bits));
-    }
-    if (t == g - 1 || j == dim - 1) {
-      uint8_t* dst = group + 16 * (j / g);
-      const hn::Rebind<uint8_t, DI> d8;
-      for (size_t h = 0; h < kV / 2; ++h) {
-        const VI lo4 = hn::And(slot[h], lane_ok[h]);
-        const VI hi4 = hn::And(slot[h + kV / 2], lane_ok[h + kV / 2]);
-        const auto bytes = hn::DemoteTo(d8, hn::Or(lo4, hn::ShiftLeft<4>(hi4)));
-        if (fresh) {
-          hn::StoreU(bytes, d8, dst + h * kN);
-        } else {
-          hn::StoreU(hn::Or(bytes, hn::LoadU(d8, dst + h * kN)), d8, dst + h * kN);
-        }
-      }
-      for (size_t v = 0; v < kV; ++v) slot[v] = hn::Zero(di);
-    }
+  const int nlev = 1 << a.bits;
+  const int mode = !a.sorted ? kModeCount : nlev <= static_cast<int>(kN) ? kModeTable : kModeBlend;
+  switch (a.bits * 4 + mode) {
+#define TQ_Q(B, M) \
+  case B * 4 + M: \
+    QuantizeAll<B, M>(a, yt, inv, lane_ok, s.ssc, group, fresh); \
+    break;
+    TQ_Q(1, kModeTable) TQ_Q(1, kModeBlend) TQ_Q(1, kModeCount)
+    TQ_Q(2, kModeTable) TQ_Q(2, kModeBlend) TQ_Q(2, kModeCount)
+    TQ_Q(3, kModeTable) TQ_Q(3, kModeBlend) TQ_Q(3, kModeCount)
+    TQ_Q(4, kModeTable) TQ_Q(4, kModeBlend) TQ_Q(4, kModeCount)
+#undef TQ_Q
+    default: break;
   }
 
   // 5. Scales: the derived one is stored; lanes whose codec scale could not be
@@ -309,7 +376,10 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
                                             hn::Div(hn::Set(df, 1.0f), root));
       const auto keep = hn::RebindMask(df, hn::Eq(lane_ok[v], hn::Zero(di)));
       float* p = scales + v * kN;
-      hn::StoreU(hn::IfThenElse(keep, hn::LoadU(df, p), derived), df, p);
+      // A fresh group's lanes >= hi are zero; an existing group keeps its lanes.
+      hn::StoreU(fresh ? hn::IfThenElseZero(hn::Not(keep), derived)
+                       : hn::IfThenElse(keep, hn::LoadU(df, p), derived),
+                 df, p);
     }
   }
 

@@ -177,16 +177,24 @@ float DerivedScale(const CodecPlan& p, const uint8_t* idx, size_t r) {
 
 }  // namespace
 
-void ReserveStore(const Engine& e, Store* s, size_t n) {
+void ReserveStore(const Engine& e, Store* s, size_t n, bool zero) {
   const size_t d = e.spec.dim;
   const bool l2 = e.spec.metric == Metric::kL2;
   const size_t groups = (n + kGroup - 1) / kGroup;
   if (e.fast) {
     const ScanLayout& l = e.layout;
     const bool keep_scales = e.spec.scales != IndexScales::kNone || e.spec.norm_correction;
-    s->groups.resize(groups * l.group_bytes, 0);
+    if (zero) {
+      s->groups.resize(groups * l.group_bytes, 0);
+    } else {
+      s->groups.resize(groups * l.group_bytes);
+    }
     if (keep_scales) {
-      s->scales.resize(groups * l.num_rblocks * kGroup, 0.0f);
+      if (zero) {
+        s->scales.resize(groups * l.num_rblocks * kGroup, 0.0f);
+      } else {
+        s->scales.resize(groups * l.num_rblocks * kGroup);
+      }
       s->scale_bounds.resize(groups * l.num_rblocks * 2, 0.0f);
     }
     if (l2) {
@@ -196,6 +204,12 @@ void ReserveStore(const Engine& e, Store* s, size_t n) {
   } else {
     s->rows.resize(n * e.codec->row_bytes(), 0);
     if (l2) s->norms2.resize(n, 0.0f);
+  }
+  if (!zero) {
+    if (e.spec.store_originals) s->originals.resize(n * d);
+    s->ids.resize(n);
+    s->removed.resize(n);
+    return;
   }
   if (e.spec.store_originals) s->originals.resize(n * d, 0.0f);
   s->ids.resize(n, -1);

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "index/fastscan.h"
@@ -63,23 +64,48 @@ class TopK {
   std::vector<Cand> buf_;
 };
 
+// std::vector whose resize(n) leaves new elements default-initialized (not
+// zeroed), so that a parallel add writes each byte once from its own thread;
+// resize(n, value) still fills.
+template <class T>
+struct UninitAlloc : std::allocator<T> {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = UninitAlloc<U>;
+  };
+  UninitAlloc() = default;
+  template <class U>
+  UninitAlloc(const UninitAlloc<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+template <class T>
+using PodVector = std::vector<T, UninitAlloc<T>>;
+
 // The codes of one flat index or one IVF list. Positions are append-only
 // until Compact; removed positions stay as tombstones.
 struct Store {
   size_t n = 0;     // positions in use (live + removed)
   size_t live = 0;
-  std::vector<int64_t> ids;       // [n]
-  std::vector<uint8_t> removed;   // [n] 0/1
+  PodVector<int64_t> ids;       // [n]
+  PodVector<uint8_t> removed;   // [n] 0/1
   // Fast-scan layout (Engine::fast): groups of 32 vectors (fastscan.h).
-  std::vector<uint8_t> groups;    // [ceil(n/32)][group_bytes]
-  std::vector<float> scales;      // [ceil(n/32)][num_rblocks][32]; empty when there are no scales
+  PodVector<uint8_t> groups;    // [ceil(n/32)][group_bytes]
+  PodVector<float> scales;      // [ceil(n/32)][num_rblocks][32]; empty when there are no scales
   // Per-group bounds for the scan's group skipping (fastscan.h ScanArgs):
   std::vector<float> scale_bounds;  // [groups][num_rblocks][2] min, max (with scales)
   std::vector<float> norm2_min;     // [groups] (kL2)
   // Otherwise: the codec's rows.
   std::vector<uint8_t> rows;      // [n][row_bytes]
   std::vector<float> norms2;      // Metric::kL2: squared norm of each encoded vector; fast: padded to groups*32
-  std::vector<float> originals;   // store_originals: [n][dim] (normalized for kCosine)
+  PodVector<float> originals;   // store_originals: [n][dim] (normalized for kCosine)
   size_t num_groups() const { return (n + kGroup - 1) / kGroup; }
 };
 
@@ -124,7 +150,9 @@ void AppendRows(const Engine& e, Store* s, const uint8_t* rows, const int64_t* i
 // for `n` positions (s->n is unchanged), WriteAt fills one position (threads
 // may write positions of different groups of 32 concurrently), TruncateStore
 // drops positions >= n (zeroing what they left in the last group).
-void ReserveStore(const Engine& e, Store* s, size_t n);
+// (zero = false: the new positions' group bytes, scales, ids, removed flags
+// and originals are left unwritten for the caller to fill, every byte.)
+void ReserveStore(const Engine& e, Store* s, size_t n, bool zero = true);
 void WriteAt(const Engine& e, Store* s, size_t pos, const uint8_t* row, int64_t id, float norm2,
              const float* orig);
 void TruncateStore(const Engine& e, Store* s, size_t n);
@@ -173,9 +201,11 @@ void FillResult(const Engine& e, const std::vector<Probe>& probes, const std::ve
 // Validates search params against the engine (k >= 1, rerank, ...).
 Status CheckSearchParams(const Engine& e, const SearchParams& params, bool ivf);
 
-// Test hook: false makes FlatIndex::Add take its general path (codec Encode
-// + WriteAt) where it would use the fused build (fastscan.h BuildGroup).
-void SetFusedBuildForTest(bool on);
+// Test hook for FlatIndex::Add where it would use the fused build
+// (fastscan.h BuildGroup): 0 takes the general path (codec Encode + WriteAt),
+// 1 the fused build (the default), 2 the fused build with every lane sent to
+// its fallback (the codec, group by group).
+void SetFusedBuildForTest(int mode);
 
 // Exact score of a stored original against the prepared query (larger is nearer).
 float ExactScore(const Engine& e, const float* q, const float* x);

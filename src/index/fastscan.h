@@ -103,9 +103,11 @@ void ComputeGroupBounds(const ScanLayout& layout, const float* scales, const flo
 // Haar rotation block, cosine). Lanes [lo, hi) of the group get rows
 // x[0, hi - lo) ([dim] floats each, unnormalized): every row is validated
 // (finite, nonzero), normalized in double, rotated, quantized and written as
-// nibbles into `group` (stored when lo == 0, where the lanes >= hi must be
-// zero; OR-ed into the zero nibbles of lanes [lo, hi) otherwise), its derived
-// scale 1/||c[idx]|| into scales[lane] when scales is not null, and its
+// nibbles into `group`, its derived scale 1/||c[idx]|| into scales[lane] when
+// scales is not null. lo == 0 (a new group): every byte of the group and all
+// 32 scales are written, lanes >= hi as zero (the memory may be
+// uninitialized); lo > 0: OR-ed into the (zero) nibbles of lanes [lo, hi),
+// the other lanes' scales kept. Also its
 // normalized row into orig[(lane - lo) · dim] when orig is not null. Exactly
 // the bytes of Codec::Encode + WriteAt (build-inl.h lists the operations).
 // Returns bit i (i < 32) for each invalid row's lane (then nothing is

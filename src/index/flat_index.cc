@@ -122,18 +122,18 @@ Status DescribeBadRow(const Engine& e, const float* x, size_t r) {
 
 // FlatIndex::Add's fused path (fastscan.h BuildGroup) applies: MSE fast-scan
 // codes of one dense Haar block, cosine vectors, scales derived (not stored).
-std::atomic<bool> g_fused_build{true};
+std::atomic<int> g_fused_build{1};  // 0 off, 1 on, 2 on with every lane through the codec
 
 bool FusedBuild(const Engine& e) {
   const CodecPlan& p = e.codec->plan();
-  return g_fused_build.load(std::memory_order_relaxed) && e.fast && !p.hadamard && p.num_blocks == 1 && p.qjl_dim == 0 &&
+  return g_fused_build.load(std::memory_order_relaxed) != 0 && e.fast && !p.hadamard && p.num_blocks == 1 && p.qjl_dim == 0 &&
          e.spec.metric == Metric::kCosine && e.spec.scales == IndexScales::kNone;
 }
 
-// Normalizes (cosine) and encodes positions [p0, p1) of group g through the
-// codec and writes them (ids left to the caller): the scalar path of Add.
+// Normalizes (cosine) and encodes positions [p0, p1) of a group through the
+// codec and writes them (ids[p] as the id of position p, as it stands).
 Status EncodeGroupSlow(Engine& e, const float* x, size_t first, size_t p0, size_t p1,
-                       std::vector<float>* buf, std::vector<uint8_t>* rows) {
+                       const int64_t* ids, std::vector<float>* buf, std::vector<uint8_t>* rows) {
   const size_t d = e.spec.dim;
   const size_t rb = e.codec->row_bytes();
   const bool cosine = e.spec.metric == Metric::kCosine;
@@ -161,7 +161,7 @@ Status EncodeGroupSlow(Engine& e, const float* x, size_t first, size_t p0, size_
       for (size_t j = 0; j < d; ++j) ss += static_cast<double>((*buf)[i * d + j]) * (*buf)[i * d + j];
       n2 = static_cast<float>(ss);
     }
-    index_internal::WriteAt(e, &e.store, p0 + i, rows->data() + i * rb, -1, n2,
+    index_internal::WriteAt(e, &e.store, p0 + i, rows->data() + i * rb, ids[p0 + i], n2,
                             buf->data() + i * d);
   }
   return Status::Ok();
@@ -180,7 +180,9 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
   const CodecPlan& p = e.codec->plan();
   index_internal::Store& s = e.store;
   const size_t first = s.n;
-  index_internal::ReserveStore(e, &s, first + n);
+  // Every new byte is written once, by the thread that encodes its group
+  // (no serial zero fill, page faults taken in parallel).
+  index_internal::ReserveStore(e, &s, first + n, /*zero=*/false);
   const bool keep_scales = e.spec.norm_correction;  // kNone: the derived scale
   index_internal::BuildArgs ba;
   ba.layout = &e.layout;
@@ -198,6 +200,7 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
   }
   ba.norm_correction = p.norm_correction;
   ba.scale_limit = p.scale_f16 ? 65504.0f : FLT_MAX;
+  if (g_fused_build.load() == 2) ba.scale_limit = -1.0f;  // test: every lane falls back
   const size_t g0 = first / kGroup;
   const size_t g1 = (first + n + kGroup - 1) / kGroup;
   std::vector<uint32_t> fallback(g1 - g0, 0);
@@ -227,6 +230,10 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
           }
           return;
         }
+        std::memset(s.removed.data() + p0, 0, p1 - p0);
+        if (ids.empty()) {
+          for (size_t q = p0; q < p1; ++q) s.ids[q] = e.next_id + static_cast<int64_t>(q - first);
+        }
         fallback[g - g0] = static_cast<uint32_t>(r >> 32);
         if (fallback[g - g0] == 0) index_internal::RefreshBounds(e, &s, g, g + 1);
       }
@@ -243,7 +250,7 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
       if (fallback[g - g0] == 0) continue;
       const size_t p0 = std::max(first, g * kGroup);
       const size_t p1 = std::min(first + n, (g + 1) * kGroup);
-      Status st = EncodeGroupSlow(e, x.data(), first, p0, p1, &buf, &rows);
+      Status st = EncodeGroupSlow(e, x.data(), first, p0, p1, s.ids.data(), &buf, &rows);
       if (!st.ok()) {
         index_internal::TruncateStore(e, &s, first);
         return Status(st.code(), "Add: rows from " + std::to_string(p0 - first) + ": " + st.message());
@@ -267,7 +274,6 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
       index_internal::TruncateStore(e, &s, first);
       return OutOfRangeError("automatic ids would overflow int64 after " + std::to_string(e.next_id));
     }
-    for (size_t i = 0; i < n; ++i) s.ids[first + i] = e.next_id + static_cast<int64_t>(i);
   }
   s.n = first + n;
   s.live += n;
@@ -289,7 +295,7 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
 }  // namespace
 
 namespace index_internal {
-void SetFusedBuildForTest(bool on) { g_fused_build.store(on); }
+void SetFusedBuildForTest(int mode) { g_fused_build.store(mode); }
 }  // namespace index_internal
 
 Status FlatIndex::Add(std::span<const float> x, std::span<const int64_t> ids,
