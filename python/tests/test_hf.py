@@ -240,3 +240,28 @@ def test_diagnostic_compressed_dynamic_cache():
         hf.CompressedDynamicCache(head_dim=64, bits=9)
     with pytest.raises(ValueError, match="k\\{K\\}_v\\{V\\}"):
         hf.CompressedDynamicCache(head_dim=64, model_config=KVQuantConfig(preset="kivi4"), num_layers=2)
+
+
+def test_softcap_sliding_window_and_scaling_reach_the_kernels():
+    """Gemma2: logit soft-cap, alternating sliding-window layers (window 16 <
+    60 tokens) and query_pre_attn_scalar scaling; fp16 storage must equal
+    eager attention, so each option must reach tq::Prefill/DecodeAttention."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=16,
+                       attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                       initializer_range=0.1)
+    model = Gemma2ForCausalLM(cfg).eval()
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(9))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref = model(ids).logits[0]
+        dense = hf.generate(model, ids[:, :40], DynamicCache(config=model.config), max_new_tokens=20)
+    model.set_attn_implementation(hf.ATTENTION_NAME)
+    cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k16_v16"))
+    got = run_steps(model, ids, cache, steps=10)
+    assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
+    assert torch.equal(hf.generate(model, ids[:, :40], hf.TurboQuantCache(model.config, kv_config=kvcfg("k16_v16")),
+                                   max_new_tokens=20), dense)

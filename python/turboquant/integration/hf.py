@@ -290,11 +290,11 @@ def turboquant_attention_forward(module, query, key, value, attention_mask, scal
         raise IntegrationError(f"query length {q_len} != new K/V tokens {handle.new_tokens}")
     length = layer.get_seq_length()
     query_start = length - q_len
-    if attention_mask is not None:
-        _check_causal_mask(attention_mask, b, q_len, length, query_start)
     scale = float(scaling) if scaling is not None else 0.0
     softcap = float(kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None) or 0.0)
     window = int(kwargs.get("sliding_window") or 0)
+    if attention_mask is not None:
+        _check_causal_mask(attention_mask, b, q_len, length, query_start, window)
     q = _cpu_f32(query, "query")
     st = owner.stats
     st.max_kv_tokens_seen = max(st.max_kv_tokens_seen, key.shape[-2])
@@ -316,15 +316,19 @@ def turboquant_attention_forward(module, query, key, value, attention_mask, scal
     return out.to(device=query.device, dtype=query.dtype), None
 
 
-def _check_causal_mask(mask, b, q_len, kv_len, query_start):
-    """Accepts only a plain causal mask (what our kernels compute); padding or
-    custom masks raise instead of being ignored."""
+def _check_causal_mask(mask, b, q_len, kv_len, query_start, window=0):
+    """Accepts only the causal mask our kernels compute (with a sliding
+    window W: keys in (pos - W, pos]); padding or custom masks raise instead
+    of being ignored."""
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-1] != kv_len or mask.shape[-2] != q_len:
         raise IntegrationError(
             f"attention 'turboquant' supports causal masks only; got {type(mask).__name__} "
             f"{tuple(getattr(mask, 'shape', ()))} (expected [batch, 1, {q_len}, {kv_len}])")
     pos = torch.arange(q_len).unsqueeze(1) + query_start
-    causal = torch.arange(kv_len).unsqueeze(0) <= pos
+    keys = torch.arange(kv_len).unsqueeze(0)
+    causal = keys <= pos
+    if window:
+        causal &= keys > pos - window
     allowed = mask if mask.dtype == torch.bool else (mask == 0)
     if not torch.equal(allowed.to("cpu").expand(b, allowed.shape[1], q_len, kv_len),
                        causal.expand(b, allowed.shape[1], q_len, kv_len)):
