@@ -265,3 +265,18 @@ def test_softcap_sliding_window_and_scaling_reach_the_kernels():
     assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
     assert torch.equal(hf.generate(model, ids[:, :40], hf.TurboQuantCache(model.config, kv_config=kvcfg("k16_v16")),
                                    max_new_tokens=20), dense)
+
+
+def test_bf16_model():
+    """A bf16 model: K/V and queries are converted to fp32 for our kernels,
+    outputs go back to bf16."""
+    model = make_model("qwen2").to(torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 80), generator=torch.Generator().manual_seed(10))
+    ref = dense_logits(model, ids).float()
+    model.set_attn_implementation(hf.ATTENTION_NAME)
+    cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k8_v8"))
+    got = run_steps(model, ids, cache, steps=4)
+    assert got.dtype == torch.bfloat16
+    assert cosines(got.float(), ref).min().item() >= 0.99
+    out = hf.generate(model, ids[:, :20], hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4")), max_new_tokens=5)
+    assert out.shape == (1, 25)
