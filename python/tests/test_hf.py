@@ -238,6 +238,12 @@ def test_diagnostic_compressed_dynamic_cache():
         hf.CompressedDynamicCache(head_dim=64, model_config=KVQuantConfig(production=True), num_layers=2)
     with pytest.raises(ValueError, match="bits"):
         hf.CompressedDynamicCache(head_dim=64, bits=9)
+    with pytest.raises(ValueError, match="accepted: rht, block, haar"):
+        hf.CompressedDynamicCache(head_dim=64, bits=4, rotation_mode="dense")
+    with pytest.warns(UserWarning):
+        haar = hf.CompressedDynamicCache(head_dim=64, bits=4, rotation_mode="haar")
+    with torch.no_grad():
+        assert 0.95 <= cosines(model(ids, **{hf.cache_kwarg(model): haar}).logits[0], ref).mean().item() < 0.99999
     with pytest.raises(ValueError, match="k\\{K\\}_v\\{V\\}"):
         hf.CompressedDynamicCache(head_dim=64, model_config=KVQuantConfig(preset="kivi4"), num_layers=2)
 

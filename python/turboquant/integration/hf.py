@@ -441,6 +441,7 @@ class CompressedDynamicCache(DynamicCache):
                 if not (1 <= b <= 8 or b == 16):
                     raise ValueError(f"bits must be 1..8 or 16, got {b}")
         self._codecs: Dict[tuple, Any] = {}
+        _core.Codec(head_dim, 2, rotation=rotation_mode)  # ValueError now, naming the accepted rotations
         warnings.warn("CompressedDynamicCache is the DIAGNOSTIC route: it holds dequantized dense K/V "
                       "(no memory saving)", stacklevel=2)
         super().__init__()
