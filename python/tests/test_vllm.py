@@ -486,16 +486,20 @@ class Runner:
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             block_table=torch.tensor([t + [0] * (mb - len(t)) for t in tables], dtype=torch.int32),
             slot_mapping=torch.tensor(slots, dtype=torch.int64), max_query_len=max(len(t) for _, t in work))
+        # like vLLM's CUDA-graph padding: 3 extra rows past num_actual_tokens,
+        # outside the slot mapping; their outputs are dropped
+        n_real = len(ids)
+        ids, pos = ids + [0, 0, 0], pos + [0, 0, 0]
         m = self.model
         x = m.emb[torch.tensor(ids)] + m.pos[torch.tensor(pos)]
         for layer, (wq, wk, wv, wo) in zip(self.compilation_config.static_forward_context.values(), m.w):
             h = x / x.norm(dim=-1, keepdim=True) * math.sqrt(x.shape[-1])
             q, k, v = (h @ wq).view(-1, m.qh, m.d), (h @ wk).view(-1, m.kvh, m.d), (h @ wv).view(-1, m.kvh, m.d)
             layer.impl.do_kv_cache_update(layer, k, v, layer.kv_cache[0], meta.slot_mapping)
-            out = torch.empty(len(ids), m.qh, m.d)
+            out = torch.zeros(len(ids), m.qh, m.d)
             out = layer.impl.forward(layer, q, k, v, layer.kv_cache[0], meta, output=out)
             x = x + out.reshape(len(ids), -1) @ wo
-        return x @ m.emb.T
+        return (x @ m.emb.T)[:n_real]
 
 
 SCRIPT = [  # (seq, tokens): prefill A and B, decodes, C in two prefill chunks mixed with decodes

@@ -750,10 +750,12 @@ def _make_update(state: _HookState, index: int, orig, tq_impl):
             orig(layer, key, value, kv_cache, slot_mapping)
             st["dense_kv_updates"] += 1
         if mode == "capture_only":
-            n = int((torch.as_tensor(slot_mapping) >= 0).sum())
+            slots = torch.as_tensor(slot_mapping)
+            keep = slots >= 0  # padded tokens (slot -1, or beyond the slot mapping) are not captured
+            n = int(keep.sum())
             h, d = layer.impl.num_kv_heads, layer.impl.head_size
-            k = key.reshape(-1, h, d)[:n]
-            v = value.reshape(-1, h, d)[:n]
+            k = key.reshape(-1, h, d)[: slots.shape[0]][keep]
+            v = value.reshape(-1, h, d)[: slots.shape[0]][keep]
             state.energy_k[index] = state.energy_k.get(index, 0) + channel_energy(k)
             state.energy_v[index] = state.energy_v.get(index, 0) + channel_energy(v)
             if index == 0:
