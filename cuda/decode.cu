@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -73,13 +74,18 @@ struct Bytes {
   uint32_t w[kWords];
 };
 
-template <int N>
+template <typename U>
+__device__ __forceinline__ U Ld(const U* p, bool global) {
+  return global ? __ldg(p) : *p;
+}
+
+template <int N, bool kGlobal = true>
 __device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
   Bytes<N> b;
   if constexpr (N % 16 == 0) {
 #pragma unroll
     for (int i = 0; i < N / 16; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      const uint4 v = Ld(reinterpret_cast<const uint4*>(p) + i, kGlobal);
       b.w[4 * i] = v.x;
       b.w[4 * i + 1] = v.y;
       b.w[4 * i + 2] = v.z;
@@ -88,26 +94,26 @@ __device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
   } else if constexpr (N % 8 == 0) {
 #pragma unroll
     for (int i = 0; i < N / 8; ++i) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      const uint2 v = Ld(reinterpret_cast<const uint2*>(p) + i, kGlobal);
       b.w[2 * i] = v.x;
       b.w[2 * i + 1] = v.y;
     }
   } else if constexpr (N % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) b.w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+    for (int i = 0; i < N / 4; ++i) b.w[i] = Ld(reinterpret_cast<const uint32_t*>(p) + i, kGlobal);
   } else if constexpr (N % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      const uint32_t h = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
+      const uint32_t h = Ld(reinterpret_cast<const unsigned short*>(p) + i, kGlobal);
       b.w[i / 2] |= h << (16 * (i % 2));
     }
   } else {
 #pragma unroll
     for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
 #pragma unroll
-    for (int i = 0; i < N; ++i) b.w[i / 4] |= static_cast<uint32_t>(__ldg(p + i)) << (8 * (i % 4));
+    for (int i = 0; i < N; ++i) b.w[i / 4] |= static_cast<uint32_t>(Ld(p + i, kGlobal)) << (8 * (i % 4));
   }
   return b;
 }
@@ -131,16 +137,18 @@ struct VInfo {
   static constexpr int kBits = VC == kVTq2 ? 2 : VC == kVTq3 ? 3 : VC == kVTq4 ? 4 : VC == kVInt4 ? 4 : 8;
 };
 
+// KB: key bits, 2..4 = TurboQuant-MSE, 8 = int8-sym (group >= 32 channels).
 template <int D, int KB, int VC>
 struct Cfg {
+  static constexpr bool kKTq = KB <= 4;
   static constexpr int kVB = VInfo<VC>::kBits;
   static constexpr bool kVTq = VInfo<VC>::kTq;
   static constexpr int kKBytes = D * KB / 32;   // key bytes per (thread, token)
   static constexpr int kVBytes = D * kVB / 64;  // value bytes per (thread, token)
   static constexpr int kChunks = D / 16;        // k-chunks of the score mma = m-tiles of PV
-  static constexpr int kKLut = (1 << (2 * KB)) * 32;                 // words
+  static constexpr int kKLut = kKTq ? (1 << (2 * KB)) * 32 : 0;      // words
   static constexpr int kVLut = kVTq ? (1 << (2 * kVB)) * 32 : 0;      // words
-  static constexpr bool kShareLut = kVTq && kVB == KB;
+  static constexpr bool kShareLut = kKTq && kVTq && kVB == KB;
   static constexpr int kLutWords = kKLut + (kShareLut ? 0 : kVLut);
   static constexpr int kMergeWords = kNw * 8 * D + 2 * kNw * 8;
   static constexpr int kSmemWords = kLutWords > kMergeWords ? kLutWords : kMergeWords;
@@ -155,7 +163,8 @@ template <int D, int KB, int VC>
 struct Raw {
   Bytes<Cfg<D, KB, VC>::kKBytes> k[2];
   Bytes<Cfg<D, KB, VC>::kVBytes> v[4];
-  float ks[2];
+  float ks[2];      // TQ keys: scales of the key-row tokens (g, g+8)
+  uint32_t kss[2];  // int8 keys: the (up to two) group scales of the thread's channels
   float vs[2];      // TQ values: scales of the key-row tokens (g, g+8)
   uint32_t vsz[4];  // int values: (scale, zero) halves of the 4 value tokens
 };
@@ -177,7 +186,14 @@ __device__ __forceinline__ void LoadTile(const Layer& L, const int32_t* bt, int 
   for (int i = 0; i < 2; ++i) {
     const long long row = RowOf(L, bt, kt[i], h);
     r.k[i] = LoadBytes<C::kKBytes>(L.k.codes + row * L.k.stride + t * C::kKBytes);
-    r.ks[i] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(L.k.meta + row * L.k.meta_bytes))));
+    if constexpr (C::kKTq) {
+      r.ks[i] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(L.k.meta + row * L.k.meta_bytes))));
+    } else {
+      const unsigned short* m = reinterpret_cast<const unsigned short*>(L.k.meta + row * L.k.meta_bytes);
+      const int c0 = t * (D / 4);
+      r.kss[i] = static_cast<uint32_t>(__ldg(m + c0 / L.k.group)) |
+                 (static_cast<uint32_t>(__ldg(m + (c0 + D / 4 - 1) / L.k.group)) << 16);
+    }
     if constexpr (C::kVTq) {
       r.vs[i] = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(L.v.meta + row * L.v.meta_bytes))));
     }
@@ -193,20 +209,168 @@ __device__ __forceinline__ void LoadTile(const Layer& L, const int32_t* bt, int 
   }
 }
 
-template <int D, int KB, int VC>
-__global__ void __launch_bounds__(kNw * 32)
-    DecodeKernel(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
-                 const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
-                 float* __restrict__ opart, float* __restrict__ ml) {
-  using C = Cfg<D, KB, VC>;
-  extern __shared__ uint32_t smem[];
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
+// Per-warp running state of the online softmax and the output accumulators.
+template <int D>
+struct WarpState {
+  float acc[D / 16][4];
+  float m[2];
+  float l[2];
+};
 
-  // Pair tables, replicated per lane: word (e * 32 + lane).
-  uint32_t* klut = smem;
-  uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
+// One tile of 16 tokens starting at tb (rows already loaded into `cur`).
+template <int D, int KB, int VC>
+__device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
+                                            int t, const uint32_t* kl, const uint32_t* vl,
+                                            const uint32_t (&qf)[D / 8], WarpState<D>& ws, int kbound) {
+  using C = Cfg<D, KB, VC>;
+  // Scores: S^T[token][head], tokens g and g+8, heads 2t and 2t+1.
+  // Two accumulators (even and odd chunks) halve the chain of dependent mma.
+  float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int c = 0; c < C::kChunks; ++c) {
+    uint32_t p00, p10, p01, p11;
+    if constexpr (C::kKTq) {
+      p00 = kl[Field(cur.k[0].w, (2 * c) * 2 * KB, 2 * KB) * 32];
+      p10 = kl[Field(cur.k[1].w, (2 * c) * 2 * KB, 2 * KB) * 32];
+      p01 = kl[Field(cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
+      p11 = kl[Field(cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
+    } else {
+      // int8-sym: channels 4c..4c+3 of the thread; scale by group.
+      auto dec = [&](int r, int p) {
+        const uint32_t w = cur.k[r].w[p >> 1] >> (16 * (p & 1));
+        const float s = (2 * p < kbound) ? __half2float(__ushort_as_half(static_cast<unsigned short>(cur.kss[r] & 0xffffu)))
+                                         : __half2float(__ushort_as_half(static_cast<unsigned short>(cur.kss[r] >> 16)));
+        const float lo = static_cast<float>(static_cast<int8_t>(w & 0xffu)) * s;
+        const float hi = static_cast<float>(static_cast<int8_t>((w >> 8) & 0xffu)) * s;
+        return PackHalf2(lo, hi);
+      };
+      p00 = dec(0, 2 * c);
+      p10 = dec(1, 2 * c);
+      p01 = dec(0, 2 * c + 1);
+      p11 = dec(1, 2 * c + 1);
+    }
+    Mma((c & 1) ? sd : sc, p00, p10, p01, p11, qf[2 * c], qf[2 * c + 1]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sc[i] += sd[i];
+  const int k0 = tb + g, k1 = tb + g + 8;
+  const bool in0 = k0 >= start && k0 < len, in1 = k1 >= start && k1 < len;
+  const float ks0 = C::kKTq ? cur.ks[0] : 1.f, ks1 = C::kKTq ? cur.ks[1] : 1.f;
+  sc[0] = in0 ? sc[0] * ks0 : -INFINITY;
+  sc[1] = in0 ? sc[1] * ks0 : -INFINITY;
+  sc[2] = in1 ? sc[2] * ks1 : -INFINITY;
+  sc[3] = in1 ? sc[3] * ks1 : -INFINITY;
+
+  float p[4];
+  float alpha[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float mt = fmaxf(sc[j], sc[j + 2]);
+    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 4));
+    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 8));
+    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 16));
+    const float mn = fmaxf(ws.m[j], mt);
+    const float mu = mn == -INFINITY ? 0.f : mn;
+    alpha[j] = Exp2(ws.m[j] - mu);
+    p[j] = Exp2(sc[j] - mu);
+    p[j + 2] = Exp2(sc[j + 2] - mu);
+    ws.l[j] = ws.l[j] * alpha[j] + p[j] + p[j + 2];
+    ws.m[j] = mn;
+  }
+#pragma unroll
+  for (int i = 0; i < C::kChunks; ++i) {
+    ws.acc[i][0] *= alpha[0];
+    ws.acc[i][1] *= alpha[1];
+    ws.acc[i][2] *= alpha[0];
+    ws.acc[i][3] *= alpha[1];
+  }
+  uint32_t pb0, pb1;
+  if constexpr (C::kVTq) {
+    // The value scale of the token folds into its weight (masked tokens: 0,
+    // whatever their stored scale).
+    const float v0 = in0 ? cur.vs[0] : 0.f, v1 = in1 ? cur.vs[1] : 0.f;
+    pb0 = MovTrans(PackHalf2(p[0] * v0, p[1] * v0));
+    pb1 = MovTrans(PackHalf2(p[2] * v1, p[3] * v1));
+  } else {
+    pb0 = MovTrans(PackHalf2(p[0], p[1]));
+    pb1 = MovTrans(PackHalf2(p[2], p[3]));
+  }
+
+  // O^T[channel][head] += V^T P; thread channels g*D/8 + (2i, 2i+1).
+  float vsc[4], vz[4];
+  if constexpr (!C::kVTq) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tok = tb + 2 * t + (r & 1) + (r >> 1) * 8;
+      const bool in = tok >= start && tok < len;  // masked rows may hold anything
+      const __half2 sz = *reinterpret_cast<const __half2*>(&cur.vsz[r]);
+      vsc[r] = in ? __low2float(sz) : 0.f;
+      vz[r] = in ? __high2float(sz) : 0.f;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < C::kChunks; ++i) {
+    uint32_t a0, a1, a2, a3;
+    if constexpr (C::kVTq) {
+      constexpr int VB = C::kVB;
+      const uint32_t pa = vl[Field(cur.v[0].w, i * 2 * VB, 2 * VB) * 32];
+      const uint32_t pbv = vl[Field(cur.v[1].w, i * 2 * VB, 2 * VB) * 32];
+      const uint32_t pc = vl[Field(cur.v[2].w, i * 2 * VB, 2 * VB) * 32];
+      const uint32_t pd = vl[Field(cur.v[3].w, i * 2 * VB, 2 * VB) * 32];
+      a0 = __byte_perm(pa, pbv, 0x5410);
+      a1 = __byte_perm(pa, pbv, 0x7632);
+      a2 = __byte_perm(pc, pd, 0x5410);
+      a3 = __byte_perm(pc, pd, 0x7632);
+    } else {
+      constexpr int VB = C::kVB;
+      float v[4][2];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        v[r][0] = static_cast<float>(Field(cur.v[r].w, (2 * i) * VB, VB)) * vsc[r] + vz[r];
+        v[r][1] = static_cast<float>(Field(cur.v[r].w, (2 * i + 1) * VB, VB)) * vsc[r] + vz[r];
+      }
+      a0 = PackHalf2(v[0][0], v[1][0]);
+      a1 = PackHalf2(v[0][1], v[1][1]);
+      a2 = PackHalf2(v[2][0], v[3][0]);
+      a3 = PackHalf2(v[2][1], v[3][1]);
+    }
+    Mma(ws.acc[i], a0, a1, a2, a3, pb0, pb1);
+  }
+}
+
+// Loads the query fragments: head g of the group, channels [t*D/4, (t+1)*D/4).
+template <int D>
+__device__ __forceinline__ void LoadQuery(const DecodeShape& s, const __half* qrot, int b, int h, int g, int t,
+                                          uint32_t (&qf)[D / 8]) {
+  const int hq = h * s.group + g;
+  if (g < s.group) {
+    const uint4* qp = reinterpret_cast<const uint4*>(qrot + (static_cast<long long>(b) * s.hq + hq) * D + t * (D / 4));
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      const uint4 v = qp[i];
+      qf[4 * i] = v.x;
+      qf[4 * i + 1] = v.y;
+      qf[4 * i + 2] = v.z;
+      qf[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) qf[i] = 0u;
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void InitState(WarpState<D>& ws) {
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) ws.acc[i][0] = ws.acc[i][1] = ws.acc[i][2] = ws.acc[i][3] = 0.f;
+  ws.m[0] = ws.m[1] = -INFINITY;
+  ws.l[0] = ws.l[1] = 0.f;
+}
+
+// Fills the pair tables, replicated per lane: word (e * 32 + lane).
+template <int D, int KB, int VC>
+__device__ __forceinline__ void BuildTables(const Layer& L, uint32_t* klut, uint32_t* vlut) {
+  using C = Cfg<D, KB, VC>;
   for (int i = threadIdx.x; i < C::kKLut / 4; i += blockDim.x) {
     const uint32_t e = L.k.pairs[i / 8];
     reinterpret_cast<uint4*>(klut)[i] = make_uint4(e, e, e, e);
@@ -217,159 +381,36 @@ __global__ void __launch_bounds__(kNw * 32)
       reinterpret_cast<uint4*>(vlut)[i] = make_uint4(e, e, e, e);
     }
   }
-  __syncthreads();
+}
 
-  const int len = seq_lens[b];
-  const int start = s.window > 0 ? max(0, len - s.window) : 0;
-  const int t0 = split * s.tokens_per_split;
-  const int t1 = min(t0 + s.tokens_per_split, len);
-  const int32_t* bt = block_tables + static_cast<long long>(b) * s.max_blocks;
-
-  // Query fragments: head g of the group, channels [t*D/4, (t+1)*D/4).
-  uint32_t qf[D / 8];
-  {
-    const int hq = h * s.group + g;
-    if (g < s.group) {
-      const uint4* qp = reinterpret_cast<const uint4*>(
-          qrot + (static_cast<long long>(b) * s.hq + hq) * D + t * (D / 4));
-#pragma unroll
-      for (int i = 0; i < D / 32; ++i) {
-        const uint4 v = qp[i];
-        qf[4 * i] = v.x;
-        qf[4 * i + 1] = v.y;
-        qf[4 * i + 2] = v.z;
-        qf[4 * i + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) qf[i] = 0u;
-    }
-  }
-
-  float acc[C::kChunks][4];
-#pragma unroll
-  for (int i = 0; i < C::kChunks; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};
-
-  const uint32_t* kl = klut + lane;
-  const uint32_t* vl = vlut + lane;
-  // First tile of this warp that holds a token >= start.
-  int tb = t0 + 16 * warp;
-  if (tb + 16 <= start) tb += ((start - tb) / (16 * kNw)) * 16 * kNw;
-  Raw<D, KB, VC> cur, nxt;
-  if (tb < t1) LoadTile<D, KB, VC>(L, bt, h, tb, len, g, t, cur);
-  for (; tb < t1; tb += 16 * kNw) {
-    const int nb = tb + 16 * kNw;
-    if (nb < t1) LoadTile<D, KB, VC>(L, bt, h, nb, len, g, t, nxt);
-
-    // Scores: S^T[token][head], tokens g and g+8, heads 2t and 2t+1.
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int c = 0; c < C::kChunks; ++c) {
-      const uint32_t p00 = kl[Field(cur.k[0].w, (2 * c) * 2 * KB, 2 * KB) * 32];
-      const uint32_t p10 = kl[Field(cur.k[1].w, (2 * c) * 2 * KB, 2 * KB) * 32];
-      const uint32_t p01 = kl[Field(cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
-      const uint32_t p11 = kl[Field(cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
-      Mma(sc, p00, p10, p01, p11, qf[2 * c], qf[2 * c + 1]);
-    }
-    const int k0 = tb + g, k1 = tb + g + 8;
-    const bool in0 = k0 >= start && k0 < len, in1 = k1 >= start && k1 < len;
-    sc[0] = in0 ? sc[0] * cur.ks[0] : -INFINITY;
-    sc[1] = in0 ? sc[1] * cur.ks[0] : -INFINITY;
-    sc[2] = in1 ? sc[2] * cur.ks[1] : -INFINITY;
-    sc[3] = in1 ? sc[3] * cur.ks[1] : -INFINITY;
-
-    float p[4];
-    float alpha[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float mt = fmaxf(sc[j], sc[j + 2]);
-      mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 4));
-      mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 8));
-      mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 16));
-      const float mn = fmaxf(m[j], mt);
-      const float mu = mn == -INFINITY ? 0.f : mn;
-      alpha[j] = Exp2(m[j] - mu);
-      p[j] = Exp2(sc[j] - mu);
-      p[j + 2] = Exp2(sc[j + 2] - mu);
-      l[j] = l[j] * alpha[j] + p[j] + p[j + 2];
-      m[j] = mn;
-    }
-#pragma unroll
-    for (int i = 0; i < C::kChunks; ++i) {
-      acc[i][0] *= alpha[0];
-      acc[i][1] *= alpha[1];
-      acc[i][2] *= alpha[0];
-      acc[i][3] *= alpha[1];
-    }
-    uint32_t pb0, pb1;
-    if constexpr (C::kVTq) {
-      pb0 = MovTrans(PackHalf2(p[0] * cur.vs[0], p[1] * cur.vs[0]));
-      pb1 = MovTrans(PackHalf2(p[2] * cur.vs[1], p[3] * cur.vs[1]));
-    } else {
-      pb0 = MovTrans(PackHalf2(p[0], p[1]));
-      pb1 = MovTrans(PackHalf2(p[2], p[3]));
-    }
-
-    // O^T[channel][head] += V^T P; thread channels g*D/8 + (2i, 2i+1).
-#pragma unroll
-    for (int i = 0; i < C::kChunks; ++i) {
-      uint32_t a0, a1, a2, a3;
-      if constexpr (C::kVTq) {
-        constexpr int VB = C::kVB;
-        const uint32_t pa = vl[Field(cur.v[0].w, i * 2 * VB, 2 * VB) * 32];
-        const uint32_t pbv = vl[Field(cur.v[1].w, i * 2 * VB, 2 * VB) * 32];
-        const uint32_t pc = vl[Field(cur.v[2].w, i * 2 * VB, 2 * VB) * 32];
-        const uint32_t pd = vl[Field(cur.v[3].w, i * 2 * VB, 2 * VB) * 32];
-        a0 = __byte_perm(pa, pbv, 0x5410);
-        a1 = __byte_perm(pa, pbv, 0x7632);
-        a2 = __byte_perm(pc, pd, 0x5410);
-        a3 = __byte_perm(pc, pd, 0x7632);
-      } else {
-        constexpr int VB = C::kVB;
-        float v[4][2];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const __half2 sz = *reinterpret_cast<const __half2*>(&cur.vsz[r]);
-          const float sc_ = __low2float(sz), z = __high2float(sz);
-          v[r][0] = static_cast<float>(Field(cur.v[r].w, (2 * i) * VB, VB)) * sc_ + z;
-          v[r][1] = static_cast<float>(Field(cur.v[r].w, (2 * i + 1) * VB, VB)) * sc_ + z;
-        }
-        a0 = PackHalf2(v[0][0], v[1][0]);
-        a1 = PackHalf2(v[0][1], v[1][1]);
-        a2 = PackHalf2(v[2][0], v[3][0]);
-        a3 = PackHalf2(v[2][1], v[3][1]);
-      }
-      Mma(acc[i], a0, a1, a2, a3, pb0, pb1);
-    }
-    if (nb < t1) cur = nxt;
-  }
-
-  // Sum of the weights over the warp's tokens (thread partials share m).
+// Merges the warps of the CTA (shared memory `smem`, after a barrier) and
+// writes the CTA's partial (max, sum, unnormalized output) per query head.
+template <int D>
+__device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, const DecodeShape& s, int b, int h,
+                                          int split, int warp, int g, int t, float* opart, float* ml) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    l[j] += __shfl_xor_sync(kFull, l[j], 4);
-    l[j] += __shfl_xor_sync(kFull, l[j], 8);
-    l[j] += __shfl_xor_sync(kFull, l[j], 16);
+    ws.l[j] += __shfl_xor_sync(kFull, ws.l[j], 4);
+    ws.l[j] += __shfl_xor_sync(kFull, ws.l[j], 8);
+    ws.l[j] += __shfl_xor_sync(kFull, ws.l[j], 16);
   }
-  __syncthreads();  // the tables are no longer read
+  __syncthreads();  // the tables and stages are no longer read
   float* so = reinterpret_cast<float*>(smem);  // [kNw][8][D]
   float* sm = so + kNw * 8 * D;                 // [kNw][8] max, then [kNw][8] sum
   float* sl = sm + kNw * 8;
 #pragma unroll
-  for (int i = 0; i < C::kChunks; ++i) {
+  for (int i = 0; i < D / 16; ++i) {
     const int c0 = g * (D / 8) + 2 * i, c1 = c0 + 1;
-    so[(warp * 8 + 2 * t) * D + c0] = acc[i][0];
-    so[(warp * 8 + 2 * t + 1) * D + c0] = acc[i][1];
-    so[(warp * 8 + 2 * t) * D + c1] = acc[i][2];
-    so[(warp * 8 + 2 * t + 1) * D + c1] = acc[i][3];
+    so[(warp * 8 + 2 * t) * D + c0] = ws.acc[i][0];
+    so[(warp * 8 + 2 * t + 1) * D + c0] = ws.acc[i][1];
+    so[(warp * 8 + 2 * t) * D + c1] = ws.acc[i][2];
+    so[(warp * 8 + 2 * t + 1) * D + c1] = ws.acc[i][3];
   }
   if (g == 0) {
-    sm[warp * 8 + 2 * t] = m[0];
-    sm[warp * 8 + 2 * t + 1] = m[1];
-    sl[warp * 8 + 2 * t] = l[0];
-    sl[warp * 8 + 2 * t + 1] = l[1];
+    sm[warp * 8 + 2 * t] = ws.m[0];
+    sm[warp * 8 + 2 * t + 1] = ws.m[1];
+    sl[warp * 8 + 2 * t] = ws.l[0];
+    sl[warp * 8 + 2 * t + 1] = ws.l[1];
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < s.group * D; idx += blockDim.x) {
@@ -396,6 +437,184 @@ __global__ void __launch_bounds__(kNw * 32)
       ml[2 * part + 1] = sum;
     }
   }
+}
+
+// Generic path (any power-of-two block size): each thread loads its rows
+// from global memory, one tile ahead.
+template <int D, int KB, int VC>
+__global__ void __launch_bounds__(kNw * 32)
+    DecodeKernel(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
+                 const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
+                 float* __restrict__ opart, float* __restrict__ ml) {
+  using C = Cfg<D, KB, VC>;
+  extern __shared__ uint32_t smem[];
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  uint32_t* klut = smem;
+  uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
+  BuildTables<D, KB, VC>(L, klut, vlut);
+  __syncthreads();
+
+  const int len = seq_lens[b];
+  const int start = s.window > 0 ? max(0, len - s.window) : 0;
+  const int t0 = split * s.tokens_per_split;
+  const int t1 = min(t0 + s.tokens_per_split, len);
+  const int32_t* bt = block_tables + static_cast<long long>(b) * s.max_blocks;
+  uint32_t qf[D / 8];
+  LoadQuery<D>(s, qrot, b, h, g, t, qf);
+  // int8 keys: local channels below kbound use the first group's scale.
+  const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
+  WarpState<D> ws;
+  InitState<D>(ws);
+  const uint32_t* kl = klut + lane;
+  const uint32_t* vl = vlut + lane;
+  int tb = t0 + 16 * warp;
+  if (tb + 16 <= start) tb += ((start - tb) / (16 * kNw)) * 16 * kNw;
+  Raw<D, KB, VC> cur, nxt;
+  if (tb < t1) LoadTile<D, KB, VC>(L, bt, h, tb, len, g, t, cur);
+  for (; tb < t1; tb += 16 * kNw) {
+    const int nb = tb + 16 * kNw;
+    if (nb < t1) LoadTile<D, KB, VC>(L, bt, h, nb, len, g, t, nxt);
+    ComputeTile<D, KB, VC>(cur, tb, start, len, g, t, kl, vl, qf, ws, kbound);
+    if (nb < t1) cur = nxt;
+  }
+  FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
+}
+
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Staged path (block_size a multiple of 16): a tile's 16 rows of a head lie
+// in one page, contiguous in every plane, so each warp streams whole tiles
+// into a ring of shared-memory stages with cp.async (16-byte copies,
+// kStages - 1 tiles in flight) and reads its fragments from there.
+template <int D, int KB, int VC>
+struct Stage {
+  using C = Cfg<D, KB, VC>;
+  static constexpr int kKS = ((D * KB / 8) + 15) / 16 * 16;          // K row stride
+  static constexpr int kVS = ((D * C::kVB / 8) + 15) / 16 * 16;      // V row stride
+  static constexpr int kVM = C::kVTq ? 2 : D / 8;                    // V meta per row (max)
+  static constexpr int kKM = C::kKTq ? 2 : D / 16;                   // K meta per row (max)
+  static constexpr int kKOff = 0;
+  static constexpr int kVOff = 16 * kKS;
+  static constexpr int kKMOff = kVOff + 16 * kVS;
+  static constexpr int kVMOff = kKMOff + 16 * kKM;
+  static constexpr int kBytes = (kVMOff + 16 * kVM + 15) / 16 * 16;
+  static constexpr int kStages = D >= 256 ? 2 : 4;
+};
+
+template <int D, int KB, int VC>
+__device__ __forceinline__ void IssueTile(const Layer& L, const int32_t* bt, int h, int tb, uint8_t* st, int lane) {
+  using S = Stage<D, KB, VC>;
+  const long long page = bt[tb >> L.log2_block];
+  const long long row0 = (page * L.H + h) * L.block_size + (tb & (L.block_size - 1));
+  const int vm = L.v.meta_bytes;  // <= S::kVM
+  const int km = L.k.meta_bytes;  // <= S::kKM
+  const uint8_t* src[4] = {L.k.codes + row0 * S::kKS, L.v.codes + row0 * S::kVS, L.k.meta + row0 * km,
+                           L.v.meta + row0 * vm};
+  const int n[4] = {S::kKS, S::kVS, km, vm};  // 16-byte chunks per segment (16 rows)
+  const int off[4] = {S::kKOff, S::kVOff, S::kKMOff, S::kVMOff};
+  int c = lane;
+#pragma unroll
+  for (int seg = 0; seg < 4; ++seg) {
+    for (; c < n[seg]; c += 32) CpAsync16(st + off[seg] + 16 * c, src[seg] + 16 * c);
+    c -= n[seg];
+  }
+}
+
+template <int D, int KB, int VC>
+__device__ __forceinline__ void ReadTile(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
+  using C = Cfg<D, KB, VC>;
+  using S = Stage<D, KB, VC>;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = g + 8 * i;
+    r.k[i] = LoadBytes<C::kKBytes, false>(st + S::kKOff + row * S::kKS + t * C::kKBytes);
+    if constexpr (C::kKTq) {
+      r.ks[i] = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(st + S::kKMOff + 2 * row)));
+    } else {
+      const unsigned short* m = reinterpret_cast<const unsigned short*>(st + S::kKMOff + row * L.k.meta_bytes);
+      const int c0 = t * (D / 4);
+      r.kss[i] = static_cast<uint32_t>(m[c0 / L.k.group]) | (static_cast<uint32_t>(m[(c0 + D / 4 - 1) / L.k.group]) << 16);
+    }
+    if constexpr (C::kVTq) {
+      r.vs[i] = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(st + S::kVMOff + 2 * row)));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = 2 * t + (i & 1) + (i >> 1) * 8;
+    r.v[i] = LoadBytes<C::kVBytes, false>(st + S::kVOff + row * S::kVS + g * C::kVBytes);
+    if constexpr (!C::kVTq) {
+      const int gi = (g * (D / 8)) / L.v.group;
+      r.vsz[i] = *reinterpret_cast<const uint32_t*>(st + S::kVMOff + row * L.v.meta_bytes + 4 * gi);
+    }
+  }
+}
+
+template <int D, int KB, int VC>
+__global__ void __launch_bounds__(kNw * 32)
+    DecodeKernelStaged(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
+                       const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
+                       float* __restrict__ opart, float* __restrict__ ml) {
+  using C = Cfg<D, KB, VC>;
+  using S = Stage<D, KB, VC>;
+  constexpr int NS = S::kStages;
+  extern __shared__ uint32_t smem[];
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  uint32_t* klut = smem;
+  uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem + C::kLutWords) + warp * NS * S::kBytes;
+
+  const int len = seq_lens[b];
+  const int start = s.window > 0 ? max(0, len - s.window) : 0;
+  const int t0 = split * s.tokens_per_split;
+  const int t1 = min(t0 + s.tokens_per_split, len);
+  const int32_t* bt = block_tables + static_cast<long long>(b) * s.max_blocks;
+  // This warp's tiles: tb_k = first + k * 64, k = 0 .. n-1, skipping tiles
+  // that end before the window starts.
+  int first = t0 + 16 * warp;
+  if (first + 16 <= start) first += ((start - first - 1) / (16 * kNw)) * 16 * kNw;
+  if (first + 16 <= start) first += 16 * kNw;
+  const int n = first < t1 ? (t1 - first + 16 * kNw - 1) / (16 * kNw) : 0;
+#pragma unroll
+  for (int k = 0; k < NS - 1; ++k) {
+    if (k < n) IssueTile<D, KB, VC>(L, bt, h, first + 16 * kNw * k, stages + k * S::kBytes, lane);
+    CpCommit();
+  }
+  BuildTables<D, KB, VC>(L, klut, vlut);
+  uint32_t qf[D / 8];
+  LoadQuery<D>(s, qrot, b, h, g, t, qf);
+  // int8 keys: local channels below kbound use the first group's scale.
+  const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
+  __syncthreads();
+  WarpState<D> ws;
+  InitState<D>(ws);
+  const uint32_t* kl = klut + lane;
+  const uint32_t* vl = vlut + lane;
+  for (int k = 0; k < n; ++k) {
+    const int kn = k + NS - 1;
+    if (kn < n) IssueTile<D, KB, VC>(L, bt, h, first + 16 * kNw * kn, stages + (kn % NS) * S::kBytes, lane);
+    CpCommit();
+    CpWait<NS - 1>();
+    __syncwarp();
+    Raw<D, KB, VC> cur;
+    ReadTile<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+    __syncwarp();  // the stage is refilled by the next iteration's copies
+    ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
+  }
+  CpWait<0>();
+  FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
 }
 
 template <typename T>
@@ -438,6 +657,11 @@ __global__ void RotateQueries(Layer L, DecodeShape s, const T* __restrict__ q, _
   __shared__ float sh[D];
   const int bh = blockIdx.x, j = threadIdx.x;
   const int h = (bh % s.hq) / s.group;
+  if (L.k.kind != kCompTq) {  // unrotated keys (int8-sym)
+    qrot[static_cast<long long>(bh) * D + j] =
+        __float2half_rn(ToFloat<T>(q[static_cast<long long>(bh) * D + j]) * s.scale_log2);
+    return;
+  }
   const uint32_t* s1 = L.k.signs1 + h * (D / 32);
   const uint32_t* s2 = L.k.signs2 + h * (D / 32);
   sh[j] = ToFloat<T>(q[static_cast<long long>(bh) * D + j]) * SignOf(s1, j);
@@ -490,8 +714,11 @@ template <int D, int KB, int VC>
 cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, const int32_t* lens,
                       const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
   using C = Cfg<D, KB, VC>;
-  const size_t smem = static_cast<size_t>(C::kSmemWords) * 4;
-  auto kernel = DecodeKernel<D, KB, VC>;
+  using S = Stage<D, KB, VC>;
+  const bool staged = L.block_size % 16 == 0;
+  const size_t staged_bytes = static_cast<size_t>(C::kLutWords) * 4 + static_cast<size_t>(kNw) * S::kStages * S::kBytes;
+  const size_t smem = std::max(static_cast<size_t>(C::kSmemWords) * 4, staged ? staged_bytes : size_t{0});
+  auto kernel = staged ? DecodeKernelStaged<D, KB, VC> : DecodeKernel<D, KB, VC>;
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
@@ -524,6 +751,7 @@ cudaError_t RunDecodeK(const Layer& L, int vc, const DecodeShape& s, const int32
     case 2: return RunDecodeV<D, 2>(L, vc, s, bt, lens, qrot, opart, ml, stream);
     case 3: return RunDecodeV<D, 3>(L, vc, s, bt, lens, qrot, opart, ml, stream);
     case 4: return RunDecodeV<D, 4>(L, vc, s, bt, lens, qrot, opart, ml, stream);
+    case 8: return RunDecodeV<D, 8>(L, vc, s, bt, lens, qrot, opart, ml, stream);
     default: return cudaErrorInvalidValue;
   }
 }

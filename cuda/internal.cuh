@@ -9,18 +9,18 @@
 
 namespace tq::cuda::detail {
 
-enum : int { kCompTq = 0, kCompInt = 1 };
+enum : int { kCompTq = 0, kCompInt = 1, kCompInt8Sym = 2 };
 
 // One component (keys or values) of a layer on the device.
 struct Comp {
   uint8_t* codes = nullptr;
   uint8_t* meta = nullptr;
-  int kind = kCompTq;    // kCompTq: TurboQuant-MSE; kCompInt: int-asym
+  int kind = kCompTq;    // kCompTq: TurboQuant-MSE; kCompInt: int-asym; kCompInt8Sym: int8-sym
   int bits = 0;
   int payload = 0;       // payload bytes of a row
   int stride = 0;        // bytes between rows of the codes plane (16-multiple)
   int meta_bytes = 0;    // bytes of a row's metadata
-  int group = 0;         // int-asym: channels per (scale, zero)
+  int group = 0;         // int-asym / int8-sym: channels per scale (and zero)
   // TurboQuant: per head [H] 32-bit masks of D1 / D2 signs ([H][D/32] words,
   // bit e of word w = sign of channel 32w + e is -1); centroids [2^bits],
   // boundaries [2^bits - 1]; pair table [4^bits] of half2 (c[lo], c[hi]).

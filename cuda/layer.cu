@@ -37,7 +37,7 @@ Status CudaError(cudaError_t e, const std::string& what) {
 
 constexpr const char* kSupported =
     "supported on the GPU: head_dim 64, 128 or 256; block_size a power of two up to 1024; "
-    "keys tq-mse2/3/4 (presets kK_vV with K in 2, 3, 4); values tq-mse2/3/4 or int-asym4/8 "
+    "keys tq-mse2/3/4 or int8-sym with a group that is a multiple of 32 channels (presets kK_vV with K in 2, 3, 4, 8; q8; turboquant_k8v4); values tq-mse2/3/4 or int-asym4/8 "
     "with a group that is a multiple of 32 channels (g32 or row); 1..8 query heads per KV head";
 
 bool IsPow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -108,7 +108,14 @@ Status IsSupported(const KVFormat& key, const KVFormat& value, size_t head_dim, 
   if (gqa_ratio < 1 || gqa_ratio > 8) {
     return UnimplementedError("GQA ratio " + Str(gqa_ratio) + " is not supported; " + kSupported);
   }
-  TQ_RETURN_IF_ERROR(CheckTq(key, "key"));
+  if (key.kind == KVFormatKind::kInt8Sym) {
+    const size_t g = EffectiveGroup(key, head_dim);
+    if (g % 32 != 0 || head_dim % g != 0) {
+      return UnimplementedError("key format " + ToString(key) + " is not supported; " + kSupported);
+    }
+  } else {
+    TQ_RETURN_IF_ERROR(CheckTq(key, "key"));
+  }
   if (value.kind == KVFormatKind::kTurboMse) return CheckTq(value, "value");
   if (value.kind == KVFormatKind::kIntAsym) {
     const size_t g = EffectiveGroup(value, head_dim);
@@ -268,7 +275,9 @@ Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector
 void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, const uint32_t* base,
               Comp& c) {
   const KVFormat& f = view.codecs[0]->format();
-  c.kind = f.kind == KVFormatKind::kTurboMse ? detail::kCompTq : detail::kCompInt;
+  c.kind = f.kind == KVFormatKind::kTurboMse ? detail::kCompTq
+           : f.kind == KVFormatKind::kInt8Sym ? detail::kCompInt8Sym
+                                               : detail::kCompInt;
   c.bits = f.bits;
   c.payload = static_cast<int>(view.payload_bytes);
   c.stride = static_cast<int>(view.payload_stride);
@@ -367,11 +376,11 @@ Status DeviceLayer::BorrowPlanes(const DevicePlanes& p) {
   auto bad = [](const void* ptr, size_t need, size_t align) {
     return (need > 0 && ptr == nullptr) || (reinterpret_cast<uintptr_t>(ptr) % align) != 0;
   };
-  if (bad(p.k_codes, b.k_codes, 16) || bad(p.v_codes, b.v_codes, 16) || bad(p.k_meta, b.k_meta, 4) ||
-      bad(p.v_meta, b.v_meta, 4)) {
+  if (bad(p.k_codes, b.k_codes, 16) || bad(p.v_codes, b.v_codes, 16) || bad(p.k_meta, b.k_meta, 16) ||
+      bad(p.v_meta, b.v_meta, 16)) {
     return InvalidArgumentError(
         "BorrowPlanes: codes planes must be non-null and 16-byte aligned, meta planes non-null "
-        "(when the format has metadata) and 4-byte aligned");
+        "(when the format has metadata) and 16-byte aligned");
   }
   Layer& L = impl_->layer;
   L.k.codes = static_cast<uint8_t*>(p.k_codes);

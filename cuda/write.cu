@@ -81,10 +81,12 @@ __device__ __forceinline__ float SumSquares16(const float (&y)[32], int lane, in
     }
   }
 #pragma unroll
-  for (int w = 8; w >= 1; w >>= 1) {
+  for (int l = 0; l < 8; ++l) acc[l] = __fadd_rn(acc[l], acc[l + 8]);
 #pragma unroll
-    for (int l = 0; l < w; ++l) acc[l] = __fadd_rn(acc[l], acc[l + w]);
-  }
+  for (int l = 0; l < 4; ++l) acc[l] = __fadd_rn(acc[l], acc[l + 4]);
+  acc[0] = __fadd_rn(acc[0], acc[2]);
+  acc[1] = __fadd_rn(acc[1], acc[3]);
+  acc[0] = __fadd_rn(acc[0], acc[1]);
   const int last = (lane & ~(Geo<D>::kLpr - 1)) + Geo<D>::kLpr - 1;
   return __shfl_sync(kFull, acc[0], last);
 }
@@ -203,6 +205,36 @@ __device__ __forceinline__ void EncodeInt(const Comp& c, const float (&y)[32], i
   PackAny(c.bits, q, out);
 }
 
+// int8-sym row (docs/FORMAT.md section 10): groups of c.group >= 32 channels,
+// fp16 s = fp16(max|x| / 127), q = clamp(round(x / s), -127, 127).
+template <int D>
+__device__ __forceinline__ void EncodeInt8Sym(const Comp& c, const float (&y)[32], int sub, Encoded& out) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(y[e]));  // order-free: no NaN here
+  const int lanes = c.group / 32;
+  for (int m = 1; m < Geo<D>::kLpr; m <<= 1) {
+    const float o = __shfl_xor_sync(kFull, amax, m);
+    if (m < lanes) amax = fmaxf(amax, o);
+  }
+  const __half hs = __float2half_rn(__fdiv_rn(amax, 127.0f));
+  out.meta0 = __half_as_ushort(hs);
+  out.ok = (out.meta0 & 0x7C00u) != 0x7C00u;
+  const float s = __half2float(hs);
+  uint8_t q[32];
+#pragma unroll
+  for (int e = 0; e < 32; ++e) {
+    int v = 0;
+    if (s > 0.0f) {
+      float r = roundf(__fdiv_rn(y[e], s));
+      r = fminf(fmaxf(r, -127.0f), 127.0f);
+      v = static_cast<int>(r);
+    }
+    q[e] = static_cast<uint8_t>(static_cast<int8_t>(v));
+  }
+  PackAny(8, q, out);
+}
+
 template <typename T>
 __device__ __forceinline__ void LoadRow(const T* p, float (&x)[32]);
 
@@ -228,9 +260,8 @@ __device__ __forceinline__ void LoadRow<__half>(const __half* p, float (&x)[32])
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const __half2 h2 = *reinterpret_cast<const __half2*>(&w[j]);
-      x[8 * i + 2 * j] = __low2float(h2);
-      x[8 * i + 2 * j + 1] = __high2float(h2);
+      x[8 * i + 2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+      x[8 * i + 2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
     }
   }
 }
@@ -266,17 +297,25 @@ __device__ __forceinline__ bool LoadCentered(const T* src, const float* mean, in
   return finite;
 }
 
-__device__ __forceinline__ void StoreWords(uint8_t* dst, const uint32_t* w, int words) {
-  // dst is 4-byte aligned; 16-byte aligned when words == 4 or 8.
-  if (words == 4) {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-  } else if (words == 8) {
-    reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  } else if (words == 2) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-  } else {
-    for (int i = 0; i < words; ++i) reinterpret_cast<uint32_t*>(dst)[i] = w[i];
+// dst is 4-byte aligned, 8-byte aligned for 2 words, 16-byte for 4 and 8.
+// Constant indices only: `w` stays in registers.
+__device__ __forceinline__ void StoreWords(uint8_t* dst, const uint32_t (&w)[8], int words) {
+  switch (words) {
+    case 2:
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      break;
+    case 3:
+      reinterpret_cast<uint32_t*>(dst)[0] = w[0];
+      reinterpret_cast<uint32_t*>(dst)[1] = w[1];
+      reinterpret_cast<uint32_t*>(dst)[2] = w[2];
+      break;
+    case 4:
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      break;
+    default:
+      reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      break;
   }
 }
 
@@ -290,6 +329,11 @@ __device__ __forceinline__ void StoreComp(const Comp& c, long long prow, int sub
   }
   if (c.kind == kCompTq) {
     if (sub == 0) *reinterpret_cast<uint16_t*>(c.meta + prow * c.meta_bytes) = e.meta0;
+  } else if (c.kind == kCompInt8Sym) {
+    const int lanes = c.group / 32;
+    if (sub % lanes == 0) {
+      *reinterpret_cast<uint16_t*>(c.meta + prow * c.meta_bytes + 2 * (32 * sub / c.group)) = e.meta0;
+    }
   } else {
     const int lanes = c.group / 32;
     if (sub % lanes == 0) {
@@ -306,6 +350,8 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
                                            Encoded& out) {
   if (c.kind == kCompTq) {
     EncodeTq<D>(c, h, x, lane, sub, s_cent, s_bnd, out);
+  } else if (c.kind == kCompInt8Sym) {
+    EncodeInt8Sym<D>(c, x, sub, out);
   } else {
     EncodeInt<D>(c, x, sub, out);
   }

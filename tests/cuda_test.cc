@@ -191,13 +191,15 @@ TEST(CudaSupport, RefusesWhatItDoesNotImplementAndListsWhatItDoes) {
   EXPECT_TRUE(IsSupported(fmt("k3_v3", true), fmt("k3_v3", false), 64, 1, 1).ok());
   EXPECT_TRUE(IsSupported(fmt("turboquant_4bit_nc", true), fmt("turboquant_4bit_nc", false), 256, 1024, 8).ok());
   EXPECT_TRUE(IsSupported(fmt("k2_v8", true), fmt("k2_v8", false), 128, 32, 8).ok());
+  EXPECT_TRUE(IsSupported(fmt("q8", true), fmt("q8", false), 128, 16, 4).ok());
+  EXPECT_TRUE(IsSupported(fmt("turboquant_k8v4", true), fmt("turboquant_k8v4", false), 64, 16, 4).ok());
   struct Case {
     const char* preset;
     size_t d, bs, gqa;
     const char* names;
   };
   const Case bad[] = {
-      {"kp4_v4", 128, 16, 4, "tq-prod"},       {"k8_v4", 128, 16, 4, "int8"},
+      {"kp4_v4", 128, 16, 4, "tq-prod"},       {"kivi2", 128, 16, 4, "int-asym2"},
       {"kivi4", 128, 16, 4, "int-asym4"},      {"k16_v16", 128, 16, 4, "f16"},
       {"turboquant35", 128, 16, 4, "turboquant35"},   {"k4_v16", 128, 16, 4, "f16"},
       {"k4_v4", 96, 16, 4, "head_dim 96"},     {"k4_v4", 128, 24, 4, "block_size 24"},
@@ -271,7 +273,7 @@ TEST_P(CudaWrite, BytesEqualCpuEncoder) {
 
 std::vector<WriteCase> WriteCases() {
   std::vector<WriteCase> c;
-  const char* presets[] = {"k2_v2", "k3_v3", "k4_v4", "k4_v3", "k2_v4", "k3_v8", "turboquant_4bit_nc"};
+  const char* presets[] = {"k2_v2", "k3_v3", "k4_v4", "k4_v3", "k2_v4", "k3_v8", "turboquant_4bit_nc", "k8_v4", "q8", "turboquant_k8v4"};
   const DType dts[] = {DType::kF16, DType::kBF16, DType::kF32};
   const size_t bss[] = {16, 1, 32};
   int i = 0;
@@ -423,7 +425,7 @@ TEST_P(CudaDecode, MatchesCpuPagedDecode) {
 
 std::vector<DecodeCase> DecodeCases() {
   std::vector<DecodeCase> v;
-  const char* presets[] = {"k2_v2", "k3_v3", "k4_v4", "k4_v3", "k3_v4", "k2_v8", "turboquant_4bit_nc", "k4_v8"};
+  const char* presets[] = {"k2_v2", "k3_v3", "k4_v4", "k4_v3", "k3_v4", "k2_v8", "turboquant_4bit_nc", "k4_v8", "k8_v4", "q8", "turboquant_k8v4"};
   const size_t gqas[] = {1, 4, 8};
   const size_t bss[] = {16, 32, 1, 128};
   int i = 0;

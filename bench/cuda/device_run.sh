@@ -28,8 +28,15 @@ if [ "$MODE" != "bench" ]; then
     echo "$tool rc=$?"; tail -2 "$OUT/sanitizer.log"
   done
 fi
+if [ "$MODE" = "quick" ] || [ "$MODE" = "profile" ]; then
+  echo "== ncu (write and decode kernels, one launch each)"
+  ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section LaunchStats -k regex:'WriteKernel|DecodeKernelStaged' -c 2 \
+      "$CARRY/bin/tq_cuda_bench" --presets k3_v3 --batch 16 --context 32768 --reps 2 > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Theoretical Occ|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" | head -40
+fi
 if [ "$MODE" = "quick" ]; then
-  args=(--presets k3_v3,k4_v4 --batch 1,16 --context 4096,32768)
+  args=(--presets k3_v3,k4_v4,k8_v4 --batch 1,16 --context 4096,32768)
   pargs=(--batch 1,16 --context 4096,32768)
 else
   args=(--presets k3_v3,k4_v3,k4_v4,k2_v2,turboquant_4bit_nc --batch 1,8,16,32 --context 4096,32768,131072)

@@ -77,8 +77,8 @@ class DeviceBuffer {
 };
 
 // The four planes of one layer on the device (borrowed pointers: device
-// memory the caller owns, e.g. torch tensors). The codes planes must be
-// 16-byte aligned. Sizes: DeviceLayer::PlaneBytes.
+// memory the caller owns, e.g. torch tensors). Every plane must be 16-byte
+// aligned (cudaMalloc and torch allocations are). Sizes: DeviceLayer::PlaneBytes.
 struct DevicePlanes {
   void* k_codes = nullptr;
   void* k_meta = nullptr;  // nullptr when the key format has no metadata
