@@ -42,7 +42,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_TARGET == HWY_SCALAR
 
 uint64_t BuildGroupImpl(const BuildArgs&, const float*, size_t lo, size_t hi, uint8_t*, float*,
-                        float*) {
+                        float*, const float*, size_t) {
   uint64_t lanes = 0;
   for (size_t i = lo; i < hi; ++i) lanes |= uint64_t{1} << i;
   return lanes << 32;  // everything through the scalar path
@@ -233,10 +233,11 @@ HWY_NOINLINE void QuantizeAll(const BuildArgs& a, const float* HWY_RESTRICT yt, 
 }  // namespace build
 
 HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t lo, size_t hi,
-                                     uint8_t* group, float* scales, float* orig) {
+                                     uint8_t* group, float* scales, float* orig,
+                                     const float* next, size_t next_floats) {
   using namespace build;  // NOLINT
   if constexpr (kN > 16 || kN < 4) {
-    (void)a, (void)x, (void)group, (void)scales, (void)orig;
+    (void)a, (void)x, (void)group, (void)scales, (void)orig, (void)next, (void)next_floats;
     uint64_t lanes = 0;
     for (size_t i = lo; i < hi; ++i) lanes |= uint64_t{1} << i;
     return lanes << 32;
@@ -322,11 +323,22 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
   if (bad != 0) return bad;
 
   // 3. Rotation, and the squared norms in SumSquares16 order.
+  // Meanwhile the next group's rows are requested (a slice per block), so
+  // that its transposition does not wait for memory.
   std::memset(s.ssy, 0, sizeof(s.ssy));
+  const char* pf = reinterpret_cast<const char*>(next);
+  const char* pf_end = pf + next_floats * sizeof(float);
+  const size_t blocks = (kGroup / (kRV * kN)) * ((dim + kJ - 1) / kJ);
+  const size_t pf_step = ((next_floats * sizeof(float) / 64 + blocks) / blocks) * 64;
   for (size_t r0 = 0; r0 < kGroup; r0 += kRV * kN) {
-    size_t jb = 0;
-    for (; jb + kJ <= dim; jb += kJ) RotateBlock<kJ>(a.mt, dim, jb, xt, yt, s.ssy, r0);
-    if (jb < dim) RotateTail<kJ - 1>(dim - jb, a.mt, dim, jb, xt, yt, s.ssy, r0);
+    for (size_t jb = 0; jb < dim; jb += kJ) {
+      for (const char* e = pf + pf_step; pf < e && pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 3);
+      if (jb + kJ <= dim) {
+        RotateBlock<kJ>(a.mt, dim, jb, xt, yt, s.ssy, r0);
+      } else {
+        RotateTail<kJ - 1>(dim - jb, a.mt, dim, jb, xt, yt, s.ssy, r0);
+      }
+    }
   }
 
   // 4. Quantization, slots, the centroid sums of squares.

@@ -21,8 +21,9 @@ HWY_EXPORT(ScanGroupsImpl);
 HWY_EXPORT(BuildGroupImpl);
 
 uint64_t BuildGroup(const BuildArgs& args, const float* x, size_t lo, size_t hi, uint8_t* group,
-                    float* scales, float* orig) {
-  return HWY_DYNAMIC_DISPATCH(BuildGroupImpl)(args, x, lo, hi, group, scales, orig);
+                    float* scales, float* orig, const float* next, size_t next_floats) {
+  return HWY_DYNAMIC_DISPATCH(BuildGroupImpl)(args, x, lo, hi, group, scales, orig, next,
+                                              next_floats);
 }
 
 void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores) {

@@ -124,8 +124,11 @@ struct BuildArgs {
   bool norm_correction = false;
   float scale_limit = 0;              // codec scales must be below this (fp16: 65504)
 };
+// next[0, next_floats): input the caller will pass next (prefetched during
+// the rotation; may be empty).
 uint64_t BuildGroup(const BuildArgs& args, const float* x, size_t lo, size_t hi, uint8_t* group,
-                    float* scales, float* orig);
+                    float* scales, float* orig, const float* next = nullptr,
+                    size_t next_floats = 0);
 
 // Nibble of vector i (0..31) of a group for slot s.
 inline unsigned GroupNibble(const uint8_t* group, size_t s, size_t i) {

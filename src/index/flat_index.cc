@@ -221,7 +221,8 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
             ba, x.data() + (p0 - first) * d, p0 - g * kGroup, p1 - g * kGroup,
             s.groups.data() + g * e.layout.group_bytes,
             keep_scales ? s.scales.data() + g * kGroup : nullptr,
-            e.spec.store_originals ? s.originals.data() + p0 * d : nullptr);
+            e.spec.store_originals ? s.originals.data() + p0 * d : nullptr,
+            x.data() + (p1 - first) * d, (std::min(first + n, p1 + kGroup) - p1) * d);
         const uint32_t bad = static_cast<uint32_t>(r);
         if (bad != 0) {
           const size_t row = g * kGroup + static_cast<size_t>(std::countr_zero(bad)) - first;
