@@ -80,10 +80,14 @@ class BackendCapabilities:
 
 
 def detect_backends() -> BackendCapabilities:
-    """CPU is always available; the CUDA backend is not built into this package."""
+    """CPU is always available; CUDA when the package was built with the CUDA
+    backend (tq_cuda) and a device is usable (turboquant.cuda)."""
+    from .. import cuda as tqcuda
+
+    why = tqcuda.unavailable_reason()
     return BackendCapabilities(
         cpu=True,
         cpu_simd_target=_core.active_simd_target(),
-        cuda=False,
-        cuda_reason="the CUDA backend is not built into the turboquant Python package",
+        cuda=why is None,
+        cuda_reason=why,
     )

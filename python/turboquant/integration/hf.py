@@ -16,8 +16,18 @@ Two routes:
   materializes dense history by design: a quality probe, refused in
   production mode (``ProductionModeError``).
 
-CPU only: CUDA tensors raise ``IntegrationError`` (the package has no CUDA
-backend). Written against the transformers 5.x ``Cache``/``CacheLayerMixin``
+CUDA (``TurboQuantCache(..., device="cuda", max_cache_len=N)``, needs the
+package built with the CUDA backend): each layer's K/V live in device pages
+(``turboquant.cuda.DevicePagedLayer``, torch uint8 planes; one sequence per
+batch row, block tables on the device). A prompt on an empty cache is
+attended exactly with torch SDPA (causal) over the chunk's own K/V, which are
+then written compressed by the GPU write kernel; decode steps (one new token)
+run the fused GPU paged decode over the compressed pages. No dense history is
+stored on either device. Not on CUDA (raises ``IntegrationError``): chunked
+prefill on top of existing history (no GPU prefill kernel yet), soft-capping,
+presets the GPU kernels do not handle (``turboquant.cuda.is_supported``).
+
+Written against the transformers 5.x ``Cache``/``CacheLayerMixin``
 API (tested with transformers 5.24 and 5.17, torch 2.15 CPU).
 """
 from __future__ import annotations
@@ -83,9 +93,14 @@ def model_shape(config) -> Dict[str, int]:
 def _cpu_f32(t: "torch.Tensor", what: str) -> "torch.Tensor":
     if t.device.type != "cpu":
         raise IntegrationError(
-            f"{what} is on {t.device}: the turboquant Python package has no CUDA backend; "
-            "run the model on the CPU (or use the diagnostic CompressedDynamicCache)")
+            f"{what} is on {t.device} but this TurboQuantCache was built for the CPU: build it with "
+            "device='cuda' and max_cache_len=... (CUDA backend), or run the model on the CPU")
     return t.detach().to(torch.float32).contiguous()
+
+
+def _aligned(t: "torch.Tensor") -> "torch.Tensor":
+    """The GPU kernels take 16-byte aligned rows: a view at an odd offset is copied."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 @dataclass
@@ -96,6 +111,9 @@ class CacheStats:
     prefill_calls: int = 0            # tq::PrefillAttention calls (one per sequence)
     decode_calls: int = 0             # tq::DecodeAttention calls (one per batch)
     max_kv_tokens_seen: int = 0       # most K/V tokens handed to the attention function in one call
+    gpu_writes: int = 0               # CUDA: write-kernel launches (one per layer update)
+    gpu_decode_calls: int = 0         # CUDA: fused paged decode launches (one per layer step)
+    sdpa_prefill_calls: int = 0       # CUDA: exact SDPA over a first prompt chunk (one per layer)
     kernel_calls_by_layer: Dict[int, int] = field(default_factory=dict)
 
 
@@ -106,11 +124,12 @@ class CacheStats:
 class _KVHandle:
     """What a TurboQuantLayer.update returns in place of dense history."""
 
-    __slots__ = ("layer", "new_tokens")
+    __slots__ = ("layer", "new_tokens", "history")
 
-    def __init__(self, layer: "TurboQuantLayer", new_tokens: int):
+    def __init__(self, layer: "TurboQuantLayer", new_tokens: int, history: int = 0):
         self.layer = layer
         self.new_tokens = new_tokens
+        self.history = history  # tokens cached before this update
 
 
 class TurboQuantLayer(CacheLayerMixin):
@@ -154,6 +173,8 @@ class TurboQuantLayer(CacheLayerMixin):
                 "(beam search / batch reordering is not supported by TurboQuantCache)")
         if b > owner.batch_capacity:
             raise ValueError(f"batch size {b} exceeds the cache's max_batch_size={owner.batch_capacity}")
+        if owner.on_cuda:
+            return owner._cuda_update(self, key_states, value_states)
         k = _cpu_f32(key_states, "key_states")
         v = _cpu_f32(value_states, "value_states")
         for i in range(b):
@@ -166,7 +187,11 @@ class TurboQuantLayer(CacheLayerMixin):
         return key_states, value_states
 
     def get_seq_length(self) -> int:
-        return self._owner._tq.length(self.layer_idx, 0) if self.is_initialized else 0
+        if not self.is_initialized:
+            return 0
+        if self._owner.on_cuda:
+            return self._owner._cuda_lengths[self.layer_idx]
+        return self._owner._tq.length(self.layer_idx, 0)
 
     def get_mask_sizes(self, query_length: int):
         return self.get_seq_length() + query_length, 0
@@ -201,7 +226,7 @@ class TurboQuantLayer(CacheLayerMixin):
 
 
 class TurboQuantCache(Cache):
-    """Production transformers cache over our C++ ``KVCache``.
+    """Production transformers cache over our C++ caches.
 
     ``TurboQuantCache(model.config, kv_config=KVQuantConfig(preset="k4_v4"), max_batch_size=1)``;
     use it with a model whose attention implementation is ``"turboquant"``
@@ -211,18 +236,30 @@ class TurboQuantCache(Cache):
         cache = TurboQuantCache(model.config, kv_config=KVQuantConfig(preset="k8_v4"))
         out = generate(model, input_ids, cache, max_new_tokens=32)
 
+    CPU (default): our ``KVCache`` (sinks, compressed history, dense recent
+    ring, centering). CUDA (``device="cuda"``, ``max_cache_len`` required):
+    one ``turboquant.cuda.DevicePagedLayer`` per layer, pages of
+    ``block_size`` tokens, a pool of ``max_batch_size * ceil(max_cache_len /
+    block_size)`` pages allocated here (torch uint8 tensors); every token is
+    stored compressed (PagedKVCache semantics: the KVQuantConfig fields
+    recent_window, sink_tokens, compress_chunk, center_keys, center_values and
+    dense_type do not apply). Every layer's preset must pass
+    ``turboquant.cuda.is_supported`` (IntegrationError otherwise).
+
     Per-layer presets follow ``policy_from_config(kv_config, num_layers)``.
     """
 
     def __init__(self, config=None, *, kv_config: Optional[KVQuantConfig] = None,
                  preset: Optional[str] = None, max_batch_size: int = 1, threads: int = 1,
                  num_layers: Optional[int] = None, num_kv_heads: Optional[int] = None,
-                 head_dim: Optional[int] = None):
+                 head_dim: Optional[int] = None, device=None, max_cache_len: Optional[int] = None,
+                 block_size: int = 16, num_q_heads: Optional[int] = None):
         if config is not None:
             shape = model_shape(config)
             num_layers = num_layers or shape["num_layers"]
             num_kv_heads = num_kv_heads or shape["num_kv_heads"]
             head_dim = head_dim or shape["head_dim"]
+            num_q_heads = num_q_heads or shape["num_q_heads"]
         if not (num_layers and num_kv_heads and head_dim):
             raise ValueError("give a model config, or num_layers, num_kv_heads and head_dim")
         kv_config = kv_config or KVQuantConfig()
@@ -231,40 +268,191 @@ class TurboQuantCache(Cache):
         self.kv_config = kv_config
         self.layer_presets = policy_from_config(kv_config, num_layers)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.num_q_heads = num_q_heads
         self.batch_capacity = max_batch_size  # (Cache.max_batch_size is a read-only property in some 5.x)
         self.threads = threads
         self.stats = CacheStats()
-        self._tq = _core.KVCache(
-            num_layers, num_kv_heads, head_dim, preset=kv_config.preset, max_sequences=max_batch_size,
-            recent_window=kv_config.recent_window, sink_tokens=kv_config.sink_tokens,
-            compress_chunk=kv_config.compress_chunk, center_keys=kv_config.center_keys,
-            center_values=kv_config.center_values, seed=kv_config.seed, dense_type=kv_config.dense_type,
-            layer_presets=dict(self.layer_presets))
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.on_cuda = self.device.type == "cuda"
+        if self.on_cuda:
+            self._tq = None
+            self._cuda_init(max_cache_len, block_size)
+        else:
+            if self.device.type != "cpu":
+                raise IntegrationError(f"TurboQuantCache runs on the CPU or CUDA, not on {self.device}")
+            self._tq = _core.KVCache(
+                num_layers, num_kv_heads, head_dim, preset=kv_config.preset, max_sequences=max_batch_size,
+                recent_window=kv_config.recent_window, sink_tokens=kv_config.sink_tokens,
+                compress_chunk=kv_config.compress_chunk, center_keys=kv_config.center_keys,
+                center_values=kv_config.center_values, seed=kv_config.seed, dense_type=kv_config.dense_type,
+                layer_presets=dict(self.layer_presets))
         super().__init__(layers=[TurboQuantLayer(self, i) for i in range(num_layers)])
 
     route = "production"
 
+    # -- CUDA backend ---------------------------------------------------------
+
+    def _cuda_init(self, max_cache_len: Optional[int], block_size: int) -> None:
+        from .. import cuda as tqcuda
+
+        if not max_cache_len or max_cache_len < 1:
+            raise ValueError("TurboQuantCache on CUDA needs max_cache_len (prompt + new tokens): the device "
+                             "page pool is allocated once, at construction")
+        try:
+            tqcuda.require()
+        except tqcuda.CudaUnavailableError as e:
+            raise IntegrationError(str(e)) from e
+        gqa = 1
+        if self.num_q_heads:
+            if self.num_q_heads % self.num_kv_heads:
+                raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+            gqa = self.num_q_heads // self.num_kv_heads
+        for layer, preset in self.layer_presets.items():
+            why = tqcuda.unsupported_reason(preset, self.head_dim, block_size=block_size, gqa_ratio=gqa)
+            if why is not None:
+                raise IntegrationError(
+                    f"layer {layer}: preset '{preset}' (head_dim {self.head_dim}, block_size {block_size}, GQA "
+                    f"{gqa}) is not supported by the CUDA backend: {why}")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.block_size = block_size
+        self.blocks_per_seq = -(-max_cache_len // block_size)
+        self.max_cache_len = self.blocks_per_seq * block_size  # capacity per sequence (whole pages)
+        num_blocks = self.batch_capacity * self.blocks_per_seq
+        # Host template: formats, codecs and means only (a pool of one page).
+        self._host_template = _core.PagedKVCache(
+            self.num_layers, self.num_kv_heads, self.head_dim, num_blocks=1, block_size=block_size,
+            preset=self.kv_config.preset, seed=self.kv_config.seed, layer_presets=dict(self.layer_presets))
+        self._dev_layers = [tqcuda.DevicePagedLayer(self._host_template, i, num_blocks, device=self.device)
+                            for i in range(self.num_layers)]
+        # Sequence i owns pages [i * blocks_per_seq, (i + 1) * blocks_per_seq).
+        self._block_tables = torch.arange(num_blocks, dtype=torch.int32, device=self.device).view(
+            self.batch_capacity, self.blocks_per_seq)
+        self._seq_lens = torch.zeros(self.num_layers, self.batch_capacity, dtype=torch.int32, device=self.device)
+        self._cuda_lengths = [0] * self.num_layers
+        self._workspace = None
+        self._workspace_key = None
+
+    def _cuda_update(self, layer: "TurboQuantLayer", key_states, value_states):
+        b, h, t, d = key_states.shape
+        idx = layer.layer_idx
+        for name, x in (("key_states", key_states), ("value_states", value_states)):
+            if x.device != self.device:
+                raise IntegrationError(f"layer {idx}: {name} is on {x.device}, the cache is on {self.device}")
+        history = self._cuda_lengths[idx]
+        if history > 0 and t > 1:
+            raise IntegrationError(
+                f"layer {idx}: chunked prefill on top of existing history ({history} cached tokens, {t} new) is "
+                "not supported on CUDA: the GPU backend has no prefill kernel yet. Prefill the whole prompt in "
+                "one forward on an empty cache, then decode one token per step (or use the CPU route)")
+        if history + t > self.max_cache_len:
+            raise IntegrationError(
+                f"layer {idx}: {history + t} tokens exceed the cache's max_cache_len={self.max_cache_len}")
+        dev = self._dev_layers[idx]
+        pos = torch.arange(history, history + t, dtype=torch.int64, device=self.device)
+        rows = torch.arange(b, dtype=torch.int64, device=self.device) * self.max_cache_len
+        slots = (rows[:, None] + pos[None, :]).reshape(-1)
+        k = _aligned(key_states.detach().transpose(1, 2).reshape(b * t, h, d).contiguous())
+        v = _aligned(value_states.detach().transpose(1, 2).reshape(b * t, h, d).contiguous())
+        dev.write_slots(k, v, slots)
+        self.stats.gpu_writes += 1
+        self._cuda_lengths[idx] = history + t
+        self._seq_lens[idx].fill_(history + t)
+        if history == 0:
+            # Once per layer per prompt: surface rows the write kernel skipped
+            # (non-finite input, fp16 scale overflow) instead of dropping them.
+            errs = dev.take_errors()
+            if not errs["ok"]:
+                raise IntegrationError(f"layer {idx}: the GPU write kernel skipped rows of the prompt: {errs}")
+        self.stats.appended_tokens += b * t
+        handle = _KVHandle(layer, t, history)
+        key_states._tq_handle = handle
+        value_states._tq_handle = handle
+        return key_states, value_states
+
+    def _cuda_attention(self, module, layer: "TurboQuantLayer", handle: _KVHandle, query, key, value,
+                        attention_mask, scale: float, softcap: float, window: int):
+        b, hq, q_len, d = query.shape
+        idx = layer.layer_idx
+        if softcap:
+            raise IntegrationError("attention 'turboquant' on CUDA does not support logit soft-capping")
+        if query.device != self.device:
+            raise IntegrationError(f"query is on {query.device}, the cache is on {self.device}")
+        length = handle.history + q_len
+        if attention_mask is not None:
+            _check_causal_mask(attention_mask, b, q_len, length, handle.history, window)
+        if handle.history == 0:
+            # First prompt chunk: exact causal attention over the chunk's own K/V
+            # (they are also in the pages, compressed, for the decode steps).
+            if window and window < q_len:
+                raise IntegrationError("attention 'turboquant' on CUDA: sliding window shorter than the prompt")
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, is_causal=q_len > 1, scale=scale or None, enable_gqa=key.shape[1] != hq)
+            self.stats.sdpa_prefill_calls += 1
+            self.stats.prefill_calls += 1
+            return out.transpose(1, 2).contiguous()
+        if q_len != 1:  # (update() already refused this)
+            raise IntegrationError("attention 'turboquant' on CUDA: only one new token per step after the prompt")
+        q = _aligned(query[:, :, 0, :].contiguous())
+        key_ws = (b, hq)
+        if self._workspace_key != key_ws:
+            self._workspace = self._dev_layers[idx].new_workspace(b, hq, self.max_cache_len)
+            self._workspace_key = key_ws
+        out = self._dev_layers[idx].paged_decode(
+            q, self._block_tables[:b], self._seq_lens[idx, :b], max_seq_len=self.max_cache_len,
+            workspace=self._workspace, scale=scale, window=window)
+        self.stats.gpu_decode_calls += 1
+        self.stats.decode_calls += 1
+        return out.view(b, 1, hq, d)
+
+    def take_write_errors(self) -> Dict[str, int]:
+        """CUDA: synchronizes and sums the write kernel's error counters over the
+        layers since the last call (all zero when every row was written)."""
+        if not self.on_cuda:
+            return {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
+        tot = {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
+        for dev in self._dev_layers:
+            e = dev.take_errors()
+            for k in tot:
+                tot[k] += e[k]
+        return tot
+
+    # -------------------------------------------------------------------------
+
     @property
     def core(self):
-        """The underlying turboquant.KVCache."""
-        return self._tq
+        """The underlying turboquant.KVCache (CPU) or the list of DevicePagedLayer (CUDA)."""
+        return self._dev_layers if self.on_cuda else self._tq
 
     def reset(self):
-        for seq in range(self.batch_capacity):
-            self._tq.free(seq)
+        if self.on_cuda:
+            self._cuda_lengths = [0] * self.num_layers
+            self._seq_lens.zero_()
+        else:
+            for seq in range(self.batch_capacity):
+                self._tq.free(seq)
         for layer in self.layers:
             layer.reset()
 
     def ledger(self) -> Dict[str, int]:
-        """Exact bytes held by the C++ cache, by content (tq::KVLedger)."""
+        """Exact bytes held by the C++ cache, by content (tq::KVLedger). CUDA:
+        the device planes (allocated for max_cache_len), the decode workspace,
+        and the tokens stored."""
+        if self.on_cuda:
+            planes = sum(dev.nbytes for dev in self._dev_layers)
+            ws = self._workspace.numel() if self._workspace is not None else 0
+            tokens = sum(self._cuda_lengths) * (self.layers[0].batch_size or 0) * self.num_kv_heads
+            tables = self._block_tables.numel() * 4 + self._seq_lens.numel() * 4
+            return {"planes": planes, "workspace": ws, "tables": tables, "tokens": tokens,
+                    "head_dim": self.head_dim, "total": planes + ws + tables}
         return self._tq.ledger()
 
     def nbytes(self) -> int:
-        return self._tq.allocated_bytes
+        return self.ledger()["total"] if self.on_cuda else self._tq.allocated_bytes
 
     def dense_equivalent_bytes(self, element_size: int = 2) -> int:
         """Bytes a dense cache of the same tokens would take (K and V, element_size bytes each)."""
-        led = self._tq.ledger()
+        led = self.ledger()
         return led["tokens"] * led["head_dim"] * 2 * element_size
 
 
@@ -293,10 +481,15 @@ def turboquant_attention_forward(module, query, key, value, attention_mask, scal
     scale = float(scaling) if scaling is not None else 0.0
     softcap = float(kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None) or 0.0)
     window = int(kwargs.get("sliding_window") or 0)
+    st = owner.stats
+    if owner.on_cuda:
+        st.max_kv_tokens_seen = max(st.max_kv_tokens_seen, key.shape[-2])
+        st.kernel_calls_by_layer[layer.layer_idx] = st.kernel_calls_by_layer.get(layer.layer_idx, 0) + 1
+        return owner._cuda_attention(module, layer, handle, query, key, value, attention_mask, scale, softcap,
+                                     window), None
     if attention_mask is not None:
         _check_causal_mask(attention_mask, b, q_len, length, query_start, window)
     q = _cpu_f32(query, "query")
-    st = owner.stats
     st.max_kv_tokens_seen = max(st.max_kv_tokens_seen, key.shape[-2])
     st.kernel_calls_by_layer[layer.layer_idx] = st.kernel_calls_by_layer.get(layer.layer_idx, 0) + 1
     if q_len == 1:
