@@ -515,7 +515,7 @@ void BindCuda(nb::module_& m) {
   m.def("cuda_built", [] { return false; }, "False: this build has no CUDA backend.");
   m.def("cuda_device_available", [] { return false; });
   m.def("cuda_device_description", [] {
-    return std::string("this turboquant build has no CUDA backend (tq_cuda was not built: no nvcc at build time)");
+    return std::string("this turboquant build has no CUDA backend (tq_cuda was not built: TQ_ENABLE_CUDA=OFF, or no nvcc found at configure time)");
   });
 #endif
 }
