@@ -38,6 +38,7 @@ STEPS=${TQ_STEPS:-build,test,bench}
   "$PY" -c "import sys, torch, transformers, nanobind; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'nanobind', nanobind.__version__)"
   (command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version) | tail -2
   cmake --version | head -1; command -v ninja || echo "no ninja"
+  grep -m1 "model name" /proc/cpuinfo
 } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 
@@ -55,15 +56,17 @@ if [[ $STEPS == *build* ]]; then
   cp "$BUILD"/_core*.so "$STAGE/turboquant/"
 fi
 export PYTHONPATH="$STAGE"
-"$PY" -c "import turboquant, turboquant.cuda as c; print('turboquant from', turboquant.__file__); print('cuda built', c.built(), 'available', c.available(), '|', c.device_description())"
+"$PY" -c "import turboquant, turboquant.cuda as c; print('turboquant from', turboquant.__file__); print('cuda built', c.built(), 'available', c.available(), '|', c.device_description(), '| simd', turboquant.active_simd_target())"
 
 rc=0
 if [[ $STEPS == *test* ]]; then
-  timeout "${TQ_TEST_TIMEOUT:-240}" "$PY" -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
+  # PYTHONFAULTHANDLER: a crashing subprocess (test_vllm's CLI run) prints its Python stack
+  PYTHONFAULTHANDLER=1 timeout "${TQ_TEST_TIMEOUT:-240}" "$PY" -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
   rc=$(( rc | ${PIPESTATUS[0]} ))
 fi
 if [[ $STEPS == *bench* ]]; then
-  timeout "${TQ_BENCH_TIMEOUT:-200}" "$PY" python/bench_cuda_hf.py --json "$OUT/bench_cuda_hf.json" ${TQ_BENCH_ARGS:-} \
+  # -P: do not put python/ (the unbuilt source package) first on sys.path
+  timeout "${TQ_BENCH_TIMEOUT:-200}" "$PY" -P python/bench_cuda_hf.py --json "$OUT/bench_cuda_hf.json" ${TQ_BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log"
   rc=$(( rc | ${PIPESTATUS[0]} ))
 fi

@@ -317,7 +317,7 @@ class TurboQuantCache(Cache):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.block_size = block_size
         self.blocks_per_seq = -(-max_cache_len // block_size)
-        self.max_cache_len = self.blocks_per_seq * block_size  # capacity per sequence (whole pages)
+        self.capacity = self.blocks_per_seq * block_size  # tokens per sequence (whole pages)
         num_blocks = self.batch_capacity * self.blocks_per_seq
         # Host template: formats, codecs and means only (a pool of one page).
         self._host_template = _core.PagedKVCache(
@@ -345,12 +345,12 @@ class TurboQuantCache(Cache):
                 f"layer {idx}: chunked prefill on top of existing history ({history} cached tokens, {t} new) is "
                 "not supported on CUDA: the GPU backend has no prefill kernel yet. Prefill the whole prompt in "
                 "one forward on an empty cache, then decode one token per step (or use the CPU route)")
-        if history + t > self.max_cache_len:
+        if history + t > self.capacity:
             raise IntegrationError(
-                f"layer {idx}: {history + t} tokens exceed the cache's max_cache_len={self.max_cache_len}")
+                f"layer {idx}: {history + t} tokens exceed the cache's max_cache_len (capacity {self.capacity})")
         dev = self._dev_layers[idx]
         pos = torch.arange(history, history + t, dtype=torch.int64, device=self.device)
-        rows = torch.arange(b, dtype=torch.int64, device=self.device) * self.max_cache_len
+        rows = torch.arange(b, dtype=torch.int64, device=self.device) * self.capacity
         slots = (rows[:, None] + pos[None, :]).reshape(-1)
         k = _aligned(key_states.detach().transpose(1, 2).reshape(b * t, h, d).contiguous())
         v = _aligned(value_states.detach().transpose(1, 2).reshape(b * t, h, d).contiguous())
@@ -396,10 +396,10 @@ class TurboQuantCache(Cache):
         q = _aligned(query[:, :, 0, :].contiguous())
         key_ws = (b, hq)
         if self._workspace_key != key_ws:
-            self._workspace = self._dev_layers[idx].new_workspace(b, hq, self.max_cache_len)
+            self._workspace = self._dev_layers[idx].new_workspace(b, hq, self.capacity)
             self._workspace_key = key_ws
         out = self._dev_layers[idx].paged_decode(
-            q, self._block_tables[:b], self._seq_lens[idx, :b], max_seq_len=self.max_cache_len,
+            q, self._block_tables[:b], self._seq_lens[idx, :b], max_seq_len=self.capacity,
             workspace=self._workspace, scale=scale, window=window)
         self.stats.gpu_decode_calls += 1
         self.stats.decode_calls += 1
