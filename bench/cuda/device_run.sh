@@ -24,22 +24,22 @@ if [ "$MODE" != "bench" ]; then
   subset='CudaWrite*k3_v3_d128*:CudaWrite*turboquant_4bit_nc_d256*:CudaDecode*k3_v3_d128*:CudaDecode*k4_v8_d64*:CudaWriteErrors*:CudaDecodeArgs*'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$CARRY/bin/cuda_test" --gtest_brief=1 \
-      --gtest_filter="$subset" >> "$OUT/sanitizer.log" 2>&1
-    echo "$tool rc=$?"; tail -2 "$OUT/sanitizer.log"
+      --gtest_filter="$subset" >> "$OUT/cuda_test.log" 2>&1
+    echo "$tool rc=$?"; tail -2 "$OUT/cuda_test.log"
   done
 fi
-if [ "$MODE" = "quick" ] || [ "$MODE" = "profile" ]; then
+if [ "$MODE" != "bench" ]; then
   echo "== ncu (write and decode kernels, one launch each)"
   ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section LaunchStats -k regex:'WriteKernel|DecodeKernelStaged' -c 2 \
       "$CARRY/bin/tq_cuda_bench" --presets k3_v3 --batch 16 --context 32768 --reps 2 > "$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Theoretical Occ|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" | head -40
+  echo "ncu rc=$?"; grep -E "Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Theoretical Occ|Warp Cycles Per Issued|Issue Slots|Eligible" "$OUT/ncu.txt" | head -30
 fi
 if [ "$MODE" = "quick" ]; then
   args=(--presets k3_v3,k4_v4,k8_v4 --batch 1,16 --context 4096,32768)
   pargs=(--batch 1,16 --context 4096,32768)
 else
-  args=(--presets k3_v3,k4_v3,k4_v4,k2_v2,turboquant_4bit_nc --batch 1,8,16,32 --context 4096,32768,131072)
+  args=(--presets k3_v3,k4_v3,k4_v4,k8_v4 --batch 1,8,16,32 --context 4096,32768,131072 --reps 9)
   pargs=(--batch 1,8,16,32 --context 4096,32768,131072)
 fi
 echo "== tq_cuda_bench ${args[*]}"
