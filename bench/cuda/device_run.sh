@@ -21,14 +21,14 @@ echo "== cuda_test"
 echo "cuda_test rc=$?"; tail -4 "$OUT/cuda_test.log"
 if [ "$MODE" != "bench" ]; then
   echo "== compute-sanitizer"
-  subset='CudaWrite*k3_v3_d128*:CudaWrite*turboquant_4bit_nc_d256*:CudaDecode*k3_v3_d128*:CudaDecode*k4_v8_d64*:CudaWriteErrors*:CudaDecodeArgs*'
+  subset='*CudaWrite*k3_v3_d128*:*CudaWrite*q8_d64*:*CudaWrite*turboquant_4bit_nc_d256*:*CudaDecode*k3_v3_d128_g4_bs16*:*CudaDecode*k8_v4_d128*:*CudaDecode*k4_v8_d64*:*CudaDecode*k2_v2_d64*:*CudaWriteErrors*'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$CARRY/bin/cuda_test" --gtest_brief=1 \
       --gtest_filter="$subset" >> "$OUT/cuda_test.log" 2>&1
     echo "$tool rc=$?"; tail -2 "$OUT/cuda_test.log"
   done
 fi
-if [ "$MODE" != "bench" ]; then
+if [ "$MODE" = "profile" ]; then
   echo "== ncu (write and decode kernels, one launch each)"
   ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section LaunchStats -k regex:'WriteKernel|DecodeKernelStaged' -c 2 \
@@ -39,8 +39,8 @@ if [ "$MODE" = "quick" ]; then
   args=(--presets k3_v3,k4_v4,k8_v4 --batch 1,16 --context 4096,32768)
   pargs=(--batch 1,16 --context 4096,32768)
 else
-  args=(--presets k3_v3,k4_v3,k4_v4,k8_v4 --batch 1,8,16,32 --context 4096,32768,131072 --reps 9)
-  pargs=(--batch 1,8,16,32 --context 4096,32768,131072)
+  args=(--presets k3_v3,k4_v3,k4_v4,k8_v4 --batch 1,16,32 --context 4096,32768,131072 --reps 7)
+  pargs=(--batch 1,16,32 --context 4096,32768,131072)
 fi
 echo "== tq_cuda_bench ${args[*]}"
 "$CARRY/bin/tq_cuda_bench" "${args[@]}" > "$OUT/tq.json" 2>> "$OUT/tq.log"; echo "bench rc=$?"
