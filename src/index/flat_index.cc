@@ -131,7 +131,7 @@ bool FusedBuild(const Engine& e) {
 }
 
 // Normalizes (cosine) and encodes positions [p0, p1) of a group through the
-// codec and writes them (ids[p] as the id of position p, as it stands).
+// codec and writes them, ids[p - first] being the id of position p.
 Status EncodeGroupSlow(Engine& e, const float* x, size_t first, size_t p0, size_t p1,
                        const int64_t* ids, std::vector<float>* buf, std::vector<uint8_t>* rows) {
   const size_t d = e.spec.dim;
@@ -161,7 +161,7 @@ Status EncodeGroupSlow(Engine& e, const float* x, size_t first, size_t p0, size_
       for (size_t j = 0; j < d; ++j) ss += static_cast<double>((*buf)[i * d + j]) * (*buf)[i * d + j];
       n2 = static_cast<float>(ss);
     }
-    index_internal::WriteAt(e, &e.store, p0 + i, rows->data() + i * rb, ids[p0 + i], n2,
+    index_internal::WriteAt(e, &e.store, p0 + i, rows->data() + i * rb, ids[p0 - first + i], n2,
                             buf->data() + i * d);
   }
   return Status::Ok();
@@ -251,7 +251,7 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
       if (fallback[g - g0] == 0) continue;
       const size_t p0 = std::max(first, g * kGroup);
       const size_t p1 = std::min(first + n, (g + 1) * kGroup);
-      Status st = EncodeGroupSlow(e, x.data(), first, p0, p1, s.ids.data(), &buf, &rows);
+      Status st = EncodeGroupSlow(e, x.data(), first, p0, p1, s.ids.data() + first, &buf, &rows);
       if (!st.ok()) {
         index_internal::TruncateStore(e, &s, first);
         return Status(st.code(), "Add: rows from " + std::to_string(p0 - first) + ": " + st.message());
@@ -354,21 +354,7 @@ Status FlatIndex::Add(std::span<const float> x, std::span<const int64_t> ids,
     for (size_t g = g0 + begin; g < g0 + end; ++g) {
       const size_t p0 = std::max(first, g * index_internal::kGroup);
       const size_t p1 = std::min(first + n, (g + 1) * index_internal::kGroup);
-      const size_t m = p1 - p0;
-      for (size_t i = 0; i < m; ++i) {
-        const float* src = x.data() + (p0 - first + i) * d;
-        float* dst = buf.data() + i * d;
-        if (cosine) {
-          double ss = 0;
-          for (size_t j = 0; j < d; ++j) ss += static_cast<double>(src[j]) * src[j];
-          const double inv = 1.0 / std::sqrt(ss);
-          for (size_t j = 0; j < d; ++j) dst[j] = static_cast<float>(src[j] * inv);
-        } else {
-          std::memcpy(dst, src, d * sizeof(float));
-        }
-      }
-      Status st = e.codec->Encode(std::span<const float>(buf.data(), m * d),
-                                  std::span<uint8_t>(rows.data(), m * rb));
+      Status st = EncodeGroupSlow(e, x.data(), first, p0, p1, assigned.data(), &buf, &rows);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(status_mu);
         if (p0 - first < encode_bad.load()) {
@@ -376,16 +362,6 @@ Status FlatIndex::Add(std::span<const float> x, std::span<const int64_t> ids,
           encode_status = st;
         }
         continue;
-      }
-      for (size_t i = 0; i < m; ++i) {
-        float n2 = 0;
-        if (e.spec.metric == Metric::kL2) {
-          double ss = 0;
-          for (size_t j = 0; j < d; ++j) ss += static_cast<double>(buf[i * d + j]) * buf[i * d + j];
-          n2 = static_cast<float>(ss);
-        }
-        index_internal::WriteAt(e, &s, p0 + i, rows.data() + i * rb, assigned[p0 - first + i], n2,
-                                buf.data() + i * d);
       }
       index_internal::RefreshBounds(e, &s, g, g + 1);  // this thread owns group g
     }
