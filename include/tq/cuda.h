@@ -16,12 +16,14 @@
 //
 // Supported (IsSupported lists it when a combination is refused):
 //   head_dim 64, 128, 256; block_size a power of two (1..1024);
-//   keys: TurboQuant-MSE 2, 3, 4 bits (presets kK_vV with K in {2,3,4});
+//   keys: TurboQuant-MSE 2, 3, 4 bits, or int8-sym whose group is a multiple
+//   of 32 channels (presets kK_vV with K in {2,3,4,8}, q8, turboquant_k8v4);
 //   values: TurboQuant-MSE 2, 3, 4 bits, or group-integer (int-asym) 2, 3, 4,
 //   8 bits whose group is a multiple of head_dim/8 channels (g32 and row);
 //   GQA ratio (query heads per KV head) 1..8; fp16, bf16 or fp32 queries,
 //   keys/values to write and outputs.
-// Not supported on the GPU: dense/int8/QJL/split formats, soft-cap, dense
+// Not supported on the GPU: dense, QJL (tq-prod) and split formats, int8
+// values, int-asym keys, soft-cap, dense
 // sink and recent windows (a PagedKVCache has none), prefill.
 #ifndef TQ_CUDA_H_
 #define TQ_CUDA_H_
