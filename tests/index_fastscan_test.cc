@@ -241,7 +241,7 @@ TEST(FastScanKernel, EveryTargetEqualsReference) {
   }
 }
 
-// FlatIndex::Add's fused build (BuildGroup: cosine, Haar, scales none) against
+// FlatIndex::Add's fused build (BuildGroup: cosine, Haar or mix, scales none) against
 // its general path (codec Encode + WriteAt) on every target: the same file
 // bytes, the same derived scales (Reconstruct, bit for bit), the same
 // originals, with adds that start and end inside groups, rows of extreme
@@ -264,8 +264,9 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
     }
     for (int bits = 1; bits <= 4; ++bits) {
       for (bool nc : {true, false}) {
+       for (RotationKind rk : {RotationKind::kHaar, RotationKind::kMix}) {
         IndexSpec spec{.dim = dim, .bits = bits, .metric = Metric::kCosine,
-                       .rotation = RotationKind::kHaar, .scales = IndexScales::kNone,
+                       .rotation = rk, .scales = IndexScales::kNone,
                        .norm_correction = nc, .store_originals = bits == 2, .seed = 3};
         auto build = [&](int mode) {
           SetFusedBuildForTest(mode);
@@ -293,7 +294,7 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
           FlatIndex got = build(target < 0 ? 2 : 1);
           const std::string where = std::string(target < 0 ? "fallback" : ScanTargetName(target)) + " dim " +
                                     std::to_string(dim) + " bits " + std::to_string(bits) +
-                                    " nc " + std::to_string(nc);
+                                    " nc " + std::to_string(nc) + " " + RotationKindName(rk);
           EXPECT_EQ(got.Serialize(), want_file) << where;
           std::vector<float> rec(dim);
           for (size_t i = 0; i < n; ++i) {
@@ -303,6 +304,7 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
           }
         }
         ForceScanTarget(0);
+       }
       }
     }
     // Errors: the first bad row, as the general path reports it; nothing stored.

@@ -64,7 +64,7 @@ TEST(FlatIndex, StoredCodesAreTheCodecRowsBitForBit) {
   const size_t dim = 100, n = 70;  // 70: a partial last group of 32
   const auto x = Clustered(n, dim, 1);
   for (int bits : {1, 2, 3, 4, 5, 8}) {
-    for (auto rot : {RotationKind::kBlockHadamard, RotationKind::kHaar}) {
+    for (auto rot : {RotationKind::kBlockHadamard, RotationKind::kHaar, RotationKind::kMix}) {
       IndexSpec spec{.dim = dim, .bits = bits, .rotation = rot, .seed = 7};
       auto index = FlatIndex::Create(spec);
       ASSERT_TRUE(index.ok()) << index.status().ToString();
@@ -388,9 +388,13 @@ TEST(IndexFiles, RoundTripIsBitExactAndSearchesTheSame) {
   const auto x = Clustered(n, dim, 14);
   const auto q = Clustered(4, dim, 15);
   for (int bits : {2, 4, 7}) {
-    for (Metric m : {Metric::kInnerProduct, Metric::kL2}) {
+    for (Metric m : {Metric::kInnerProduct, Metric::kL2, Metric::kCosine}) {
+      // Cosine: rotation mix with derived scales (the GloVe bench's index).
+      const bool cos = m == Metric::kCosine;
       auto index = FlatIndex::Create({.dim = dim, .bits = bits, .metric = m,
-                                      .scales = bits == 4 ? IndexScales::kF32 : IndexScales::kF16,
+                                      .rotation = cos ? RotationKind::kMix : RotationKind::kBlockHadamard,
+                                      .scales = cos ? IndexScales::kNone
+                                                : bits == 4 ? IndexScales::kF32 : IndexScales::kF16,
                                       .store_originals = bits == 2});
       ASSERT_TRUE(index->Add(x).ok());
       const std::string path = TempPath("rt.tqi");
@@ -401,8 +405,8 @@ TEST(IndexFiles, RoundTripIsBitExactAndSearchesTheSame) {
       const SearchParams p{.k = 9, .fast_scan = bits <= 4};
       auto a = index->Search(q, p), b = back->Search(q, p);
       ASSERT_TRUE(a.ok() && b.ok());
-      EXPECT_EQ(a->ids, b->ids);
-      EXPECT_EQ(a->scores, b->scores);
+      EXPECT_EQ(a->ids, b->ids) << "bits " << bits << " metric " << static_cast<int>(m);
+      EXPECT_EQ(a->scores, b->scores) << "bits " << bits << " metric " << static_cast<int>(m);
       EXPECT_EQ(back->next_id(), index->next_id());
       std::remove(path.c_str());
     }

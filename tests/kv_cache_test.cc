@@ -296,6 +296,10 @@ TEST(KVCacheTest, ConfigErrors) {
   c.policy.layer_presets.clear();
   c.policy.compress_chunk = 0;
   EXPECT_THAT(KVCache::Create(c).status().message(), HasSubstr("compress_chunk"));
+  // 'mix' is a search-index rotation: KV formats refuse it and name theirs.
+  KVFormat mix{.kind = KVFormatKind::kTurboMse, .bits = 4, .rotation = RotationKind::kMix};
+  EXPECT_THAT(KVRowCodec::Create(mix, 128, {}).status().message(),
+              HasSubstr("accept rotations rht, block and haar"));
 }
 
 TEST(KVCacheTest, BoundaryLayersAndOverridesPickTheirPresets) {

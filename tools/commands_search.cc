@@ -308,6 +308,7 @@ struct BenchArgs {
   std::string scales = "f16";
   bool norm_correction = true;
   size_t rescore = 0;
+  uint64_t seed = 0;
   size_t qps_queries = 2000;
   size_t recall_queries = 0;
   size_t nlist = 1024;
@@ -422,6 +423,7 @@ void RunBench(const BenchArgs& a) {
     spec.rotation = *rot;
     spec.scales = scales;
     spec.norm_correction = a.norm_correction;
+    spec.seed = a.seed;
     SearchParams params;
     params.fast_scan = b <= 4;
     params.rescore = a.rescore;
@@ -599,9 +601,10 @@ void RegisterSearch(CLI::App& app) {
   bench->add_option("--threads", ba->threads, "threads for 'all threads' (0 = all)")->capture_default_str();
   bench->add_flag("--json", ba->json_out, "print JSON");
   bench->add_option("--plot", ba->plot, "write Recall@1@k vs k to this .svg file");
-  bench->add_option("--rotation", ba->rotation, "rht | block | haar")->capture_default_str();
+  bench->add_option("--rotation", ba->rotation, "rht | block | haar | mix")->capture_default_str();
   bench->add_option("--scales", ba->scales, "f16 | f32 | none (none: cosine data only)")->capture_default_str();
   bench->add_option("--norm-correction", ba->norm_correction, "store corrected norms")->capture_default_str();
+  bench->add_option("--seed", ba->seed, "seed of the index's rotation")->capture_default_str();
   bench->add_option("--rescore", ba->rescore, "fast-scan candidates re-scored exactly (0 = auto: max(2k, 16))")->capture_default_str();
   bench->add_option("--qps-queries", ba->qps_queries, "queries timed for QPS")->capture_default_str();
   bench->add_option("--recall-queries", ba->recall_queries, "use only the first N queries (0 = all)")->capture_default_str();

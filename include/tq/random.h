@@ -17,6 +17,7 @@ enum class Purpose : uint32_t {
   kHaarGaussian = 2,   // Gaussian matrix whose QR gives a Haar rotation
   kQjlGaussian = 3,    // Gaussian projection S of QJL
   kSample = 4,         // test/benchmark data (never stored)
+  kRotationPermutation = 5,  // coordinate permutations of the 'mix' rotation
 };
 
 // Role of the quantized tensor within a (layer, head).

@@ -76,7 +76,7 @@ Result<Codec> Codec::Create(const CodecSpec& spec) {
   CodecPlan& p = st->plan;
   p.dim = spec.dim;
   p.mse_bits = mse_bits;
-  p.hadamard = spec.rotation != RotationKind::kHaar;
+  p.hadamard = spec.rotation != RotationKind::kHaar && spec.rotation != RotationKind::kMix;
   p.norm_correction = spec.norm_correction;
   p.scale_f16 = spec.scale_dtype == ScaleDtype::kF16;
   p.scale_bytes = p.scale_f16 ? 2 : 4;
@@ -96,6 +96,8 @@ Result<Codec> Codec::Create(const CodecSpec& spec) {
   if (p.hadamard) {
     p.signs1 = st->rotation.signs(0);
     p.signs2 = st->rotation.signs(1);
+  } else if (spec.rotation == RotationKind::kMix) {
+    p.mix = &st->rotation;
   } else {
     p.haar = st->rotation.matrix();
     p.haar_t = st->rotation.matrix_t();

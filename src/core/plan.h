@@ -10,6 +10,8 @@
 
 namespace tq {
 
+class Rotation;
+
 inline constexpr size_t kMaxBlocks = 17;  // binary expansion of dims <= 65536
 
 struct BlockPlan {
@@ -31,6 +33,9 @@ struct CodecPlan {
   const float* signs2 = nullptr;  // [dim] ±1 (Hadamard)
   const float* haar = nullptr;    // Q  [dim][dim] row-major (y = Q x)
   const float* haar_t = nullptr;  // Q^T [dim][dim] row-major
+  // kMix (hadamard false, haar null): the rotation, applied row by row with
+  // its exact reference arithmetic (Rotation::Apply / ApplyInverse).
+  const Rotation* mix = nullptr;
   // QJL (prod codes only; qjl_dim == 0 for MSE codes).
   size_t qjl_dim = 0;
   const float* qjl = nullptr;     // S   [qjl_dim][dim] row-major

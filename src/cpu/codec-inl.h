@@ -1423,7 +1423,11 @@ HWY_NOINLINE void EncodeGroup(const EncodeCtx& ctx, EncodeRow* io, size_t nr, fl
       }
     } else {
       float* chat = Grow(s.chat, dim);
-      MatTVec(plan.haar_t, x, nr, dim, dim, y, /*accumulate=*/false);
+      if (plan.mix != nullptr) {
+        for (size_t k = 0; k < nr; ++k) plan.mix->Apply(x[k], y[k]);
+      } else {
+        MatTVec(plan.haar_t, x, nr, dim, dim, y, /*accumulate=*/false);
+      }
       for (size_t k = 0; k < nr; ++k) QuantizeBlockMem(ctx, 0, y[k], dim, chat, io[k]);
     }
     for (size_t k = 0; k < nr; ++k) {
@@ -1437,6 +1441,8 @@ HWY_NOINLINE void EncodeGroup(const EncodeCtx& ctx, EncodeRow* io, size_t nr, fl
                              plan.signs2 + bp.offset, bp.size, io[k].r + bp.offset);
       }
     }
+  } else if (plan.mix != nullptr) {
+    for (size_t k = 0; k < nr; ++k) plan.mix->Apply(x[k], r[k]);
   } else {
     MatTVec(plan.haar_t, x, nr, dim, dim, r, /*accumulate=*/false);
   }
@@ -1703,6 +1709,8 @@ HWY_NOINLINE void DecodeGroup(const DecodeCtx& ctx, const uint8_t* const* c,
                              bp.size, xo[k] + off);
       }
     }
+  } else if (plan.mix != nullptr) {
+    for (size_t k = 0; k < nr; ++k) plan.mix->ApplyInverse(yhat_c[k], xo[k]);
   } else {
     MatTVec(plan.haar, yhat_c, nr, dim, dim, xo, /*accumulate=*/false);
   }

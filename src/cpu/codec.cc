@@ -1,6 +1,7 @@
 // Highway SIMD kernels of the CPU codec: dynamic dispatch over the per-target
 // code in cpu/codec-inl.h (see there for the arithmetic contract: the code
 // bytes equal tq::ref's on every target).
+#include "tq/rotation.h"
 #include "cpu/dispatch.h"
 
 #undef HWY_TARGET_INCLUDE

@@ -3,15 +3,16 @@
 // SIMD target.
 //
 // One group of 32 vectors goes through validation, cosine normalization, the
-// Haar rotation, quantization, the derived scale and the nibble layout with
+// Haar or mix rotation, quantization, the derived scale and the nibble layout with
 // its data in cache, and SIMD lanes are the group's vectors (lane i = vector
 // i of the group) all the way: each lane performs exactly the scalar
 // reference's operations in the reference's order, so the codes are the
 // codec's bit for bit:
 //   * normalization: ss += double(x_j)·x_j for j ascending, inv = 1/sqrt(ss)
 //     (double), x'_j = float(x_j · inv) (FlatIndex::Add);
-//   * rotation: y_j = 0.0f, then y_j = y_j + mt[i][j]·x'_i for i ascending,
-//     multiply then add (ref::MatTVec);
+//   * rotation haar: y_j = 0.0f, then y_j = y_j + mt[i][j]·x'_i for i
+//     ascending, multiply then add (ref::MatTVec); mix: Rotation::Apply's
+//     rounds, with ref::Fwht's stages in its order (FwhtRows);
 //   * norms: ref::SumSquares16's 16 accumulators (lane j % 16, ascending j)
 //     and its 8, 4, 2, 1 fold; u_j = y_j · inv with inv = 1/norm (0 below
 //     FLT_MIN); index = number of boundaries <= u_j (a binary search where
@@ -71,7 +72,7 @@ constexpr size_t kNR = hn::MaxLanes(DR());
 constexpr size_t kRV = kGroup / kNR < 2 ? kGroup / kNR : 2;  // vectors of lanes per rotation pass
 
 struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> xt, yt;  // [dim][32]
+  hwy::AlignedFreeUniquePtr<float[]> xt, yt, zt;  // [dim][32]
   size_t dim = 0;
   HWY_ALIGN float ssy[16 * kGroup];
   HWY_ALIGN float ssc[16 * kGroup];
@@ -84,6 +85,7 @@ inline Scratch& GetScratch(size_t dim) {
   if (s.dim < dim) {
     s.xt = hwy::AllocateAligned<float>(dim * kGroup);
     s.yt = hwy::AllocateAligned<float>(dim * kGroup);
+    s.zt = hwy::AllocateAligned<float>(dim * kGroup);
     s.dim = dim;
   }
   return s;
@@ -129,6 +131,121 @@ HWY_INLINE void RotateTail(size_t rem, const float* mt, size_t dim, size_t jb, c
   if constexpr (J > 0) {
     if (rem == J) return RotateBlock<J>(mt, dim, jb, xt, yt, ssy, r0);
     return RotateTail<J - 1>(rem, mt, dim, jb, xt, yt, ssy, r0);
+  }
+}
+
+// Stages h0, 2 h0, ..., (2^S / 2) h0 of ref::Fwht on rows t[0, n) of 32
+// lanes, in registers: each set of 2^S rows h0 apart is loaded once, goes
+// through the S stages (in the reference's stage order; within a stage the
+// butterflies are independent), is multiplied by `post` (row scale, or
+// nullptr) and stored.
+// With src set (first pass only), row i is first read as src row g(i)
+// multiplied by pre[i], g being perm (or the identity when perm is null).
+template <size_t S>
+HWY_INLINE void FwhtPass(float* HWY_RESTRICT t, size_t n, size_t h0, const float* post,
+                         float post_all, const float* HWY_RESTRICT src = nullptr,
+                         const uint32_t* perm = nullptr, const float* pre = nullptr) {
+  const DF df;
+  constexpr size_t kR = size_t{1} << S;
+  const size_t span = h0 * kR;
+  const bool scale = post != nullptr || post_all != 1.0f;
+  for (size_t base = 0; base < n; base += span) {
+    for (size_t o = 0; o < h0; ++o) {
+      VF r[kR][kV];
+#pragma GCC unroll 8
+      for (size_t m = 0; m < kR; ++m) {
+        const size_t row = base + o + m * h0;
+        if (src != nullptr) {
+          const float* in = src + (perm != nullptr ? perm[row] : row) * kGroup;
+          const VF sg = hn::Set(df, pre[row]);
+#pragma GCC unroll 4
+          for (size_t v = 0; v < kV; ++v) r[m][v] = hn::Mul(hn::Load(df, in + v * kN), sg);
+        } else {
+#pragma GCC unroll 4
+          for (size_t v = 0; v < kV; ++v) r[m][v] = hn::Load(df, t + row * kGroup + v * kN);
+        }
+      }
+#pragma GCC unroll 3
+      for (size_t st = 0; st < S; ++st) {
+        const size_t h = size_t{1} << st;
+#pragma GCC unroll 8
+        for (size_t m = 0; m < kR; ++m) {
+          if (m & h) continue;
+#pragma GCC unroll 4
+          for (size_t v = 0; v < kV; ++v) {
+            const VF a = r[m][v];
+            const VF b = r[m + h][v];
+            r[m][v] = hn::Add(a, b);
+            r[m + h][v] = hn::Sub(a, b);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (size_t m = 0; m < kR; ++m) {
+        const size_t row = base + o + m * h0;
+        const VF sc = hn::Set(df, post != nullptr ? post[row] : post_all);
+#pragma GCC unroll 4
+        for (size_t v = 0; v < kV; ++v) {
+          hn::Store(scale ? hn::Mul(r[m][v], sc) : r[m][v], df, t + row * kGroup + v * kN);
+        }
+      }
+    }
+  }
+}
+
+// ref::Fwht on rows t[0, n) (n a power of two) of 32 lanes, then each row
+// multiplied by post[row] (or by post_all): passes of up to 3 stages in
+// registers. Every lane gets the reference's bits: the same stages in the
+// same order, each butterfly (a + b, a - b) once, and the multiplication
+// after the last stage as the reference does it.
+// src/perm/pre: as FwhtPass, for the first pass.
+HWY_INLINE void FwhtRows(float* HWY_RESTRICT t, size_t n, const float* post, float post_all,
+                         const float* src = nullptr, const uint32_t* perm = nullptr,
+                         const float* pre = nullptr) {
+  size_t h0 = 1;
+  size_t left = 0;
+  for (size_t k = n; k > 1; k /= 2) ++left;  // log2 n
+  if (left == 0) {
+    FwhtPass<0>(t, n, 1, post, post_all, src, perm, pre);
+    return;
+  }
+  bool first = true;
+  while (left > 0) {
+    const size_t s = left >= 3 ? 3 : left;
+    const bool last = s == left;
+    const float* p = last ? post : nullptr;
+    const float pa = last ? post_all : 1.0f;
+    const float* sp = first ? src : nullptr;
+    if (s == 3) FwhtPass<3>(t, n, h0, p, pa, sp, perm, pre);
+    else if (s == 2) FwhtPass<2>(t, n, h0, p, pa, sp, perm, pre);
+    else FwhtPass<1>(t, n, h0, p, pa, sp, perm, pre);
+    first = false;
+    h0 <<= s;
+    left -= s;
+  }
+}
+
+// Rotation 'mix' of the normalized rows xt into yt (Rotation::Apply per
+// lane): each round reads its input rows through the previous round's
+// permutation times D_r, then per block FWHT and c_n. zt is scratch; xt is
+// left unchanged.
+HWY_INLINE void MixRotate(const Rotation& rot, size_t dim, const float* HWY_RESTRICT xt,
+                          float* HWY_RESTRICT yt, float* HWY_RESTRICT zt) {
+  (void)dim;
+  const float* prev = xt;
+  for (int r = 0; r < kMixRounds; ++r) {
+    float* t = ((kMixRounds - 1 - r) % 2 == 0) ? yt : zt;
+    const float* d = rot.signs(r);
+    const uint32_t* perm = r > 0 ? rot.permutation(r - 1) : nullptr;
+    size_t o = 0;
+    for (size_t n : rot.mix_blocks()) {
+      // Rows gathered (through the permutation) times D_r, FWHT, then c_n.
+      FwhtRows(t + o * kGroup, n, nullptr, MixBlockScale(n),
+               perm != nullptr ? prev : prev + o * kGroup, perm != nullptr ? perm + o : nullptr,
+               d + o);
+      o += n;
+    }
+    prev = t;
   }
 }
 
@@ -332,11 +449,23 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
   // Meanwhile the next group's rows are requested (a slice per block), so
   // that its transposition does not wait for memory.
   std::memset(s.ssy, 0, sizeof(s.ssy));
+  if (a.mix != nullptr) {
+    const char* q = reinterpret_cast<const char*>(next);
+    for (size_t b = 0; b < next_floats * sizeof(float); b += 64) __builtin_prefetch(q + b, 0, 2);
+    MixRotate(*a.mix, dim, xt, yt, s.zt.get());
+    for (size_t j = 0; j < dim; ++j) {
+      float* acc = s.ssy + (j % 16) * kGroup;
+      for (size_t v = 0; v < kV; ++v) {
+        const VF y = hn::Load(df, yt + j * kGroup + v * kN);
+        hn::Store(hn::Add(hn::Load(df, acc + v * kN), hn::Mul(y, y)), df, acc + v * kN);
+      }
+    }
+  }
   const char* pf = reinterpret_cast<const char*>(next);
   const char* pf_end = pf + next_floats * sizeof(float);
   const size_t blocks = (kGroup / (kRV * kNR)) * ((dim + kJ - 1) / kJ);
   const size_t pf_step = ((next_floats * sizeof(float) / 64 + blocks) / blocks) * 64;
-  for (size_t r0 = 0; r0 < kGroup; r0 += kRV * kNR) {
+  for (size_t r0 = 0; r0 < (a.mix != nullptr ? 0 : kGroup); r0 += kRV * kNR) {
     for (size_t jb = 0; jb < dim; jb += kJ) {
       for (const char* e = pf + pf_step; pf < e && pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 2);
       if (jb + kJ <= dim) {

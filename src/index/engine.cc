@@ -56,7 +56,9 @@ Status InitEngine(const IndexSpec& spec, Engine* e) {
   cs.kind = spec.kind;
   cs.rotation = spec.rotation;
   cs.codebook = CodebookFamily::kSphere;
-  cs.scale_dtype = spec.scales == IndexScales::kF32 ? ScaleDtype::kF32 : ScaleDtype::kF16;
+  // kNone: the scales are not stored but derived (docs/FORMAT.md), in f32,
+  // so rows held in memory carry them in f32 too.
+  cs.scale_dtype = spec.scales == IndexScales::kF16 ? ScaleDtype::kF16 : ScaleDtype::kF32;
   cs.norm_correction = spec.norm_correction;
   cs.stream = StreamId{.seed = spec.seed, .role = Role::kVector};
   auto codec = Codec::Create(cs);
@@ -177,6 +179,18 @@ float DerivedScale(const CodecPlan& p, const uint8_t* idx, size_t r) {
 
 }  // namespace
 
+void SetDerivedScales(const Engine& e, uint8_t* row) {
+  const CodecPlan& p = e.codec->plan();
+  if (e.spec.scales != IndexScales::kNone || p.mse_bits == 0) return;
+  thread_local std::vector<uint8_t> idx;
+  idx.resize(e.spec.dim);
+  ::tq::ref::UnpackBits(row, e.spec.dim, p.mse_bits, idx.data());
+  for (size_t r = 0; r < p.num_blocks; ++r) {
+    const float sc = e.spec.norm_correction ? DerivedScale(p, idx.data(), r) : 1.0f;
+    StoreFloatLE(sc, row + p.scale_offset + r * p.scale_bytes);  // kNone rows hold f32 scales
+  }
+}
+
 void ReserveStore(const Engine& e, Store* s, size_t n, bool zero) {
   const size_t d = e.spec.dim;
   const bool l2 = e.spec.metric == Metric::kL2;
@@ -250,7 +264,9 @@ void WriteAt(const Engine& e, Store* s, size_t pos, const uint8_t* row, int64_t 
       }
     }
   } else {
-    std::memcpy(s->rows.data() + pos * p.row_bytes, row, p.row_bytes);
+    uint8_t* dst = s->rows.data() + pos * p.row_bytes;
+    std::memcpy(dst, row, p.row_bytes);
+    SetDerivedScales(e, dst);  // kNone: as a loaded file has them
   }
   if (l2) s->norms2[pos] = norm2;
   if (e.spec.store_originals) std::memcpy(s->originals.data() + pos * d, orig, d * sizeof(float));

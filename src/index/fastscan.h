@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tq/rotation.h"
 #include "core/plan.h"
 
 namespace tq::index_internal {
@@ -117,7 +118,8 @@ struct BuildArgs {
   const ScanLayout* layout = nullptr;
   size_t dim = 0;
   int bits = 0;
-  const float* mt = nullptr;          // plan.haar_t
+  const float* mt = nullptr;          // plan.haar_t (Haar), or
+  const Rotation* mix = nullptr;      // plan.mix (rotation 'mix')
   const float* boundaries = nullptr;  // 2^bits - 1
   const float* centroids = nullptr;   // 2^bits
   bool sorted = false;                // boundaries non-decreasing and not NaN

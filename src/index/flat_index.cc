@@ -189,6 +189,7 @@ Status AddFused(Engine& e, std::span<const float> x, std::span<const int64_t> id
   ba.dim = d;
   ba.bits = p.mse_bits;
   ba.mt = p.haar_t;
+  ba.mix = p.mix;
   ba.boundaries = p.blocks[0].boundaries;
   ba.centroids = p.blocks[0].centroids;
   const int nb = (1 << p.mse_bits) - 1;

@@ -231,7 +231,7 @@ Status DecodeSpec(std::span<const uint8_t> payload, IndexSpec* spec, int64_t* ne
       !r.U64(&nid) || !r.U64(&cnt) || !r.U64(&rb) || !r.U32(&ncb) || !r.U32(&zero32)) {
     return DataLossError("index spec section is truncated");
   }
-  if (z0 != 0 || z1 != 0 || zero32 != 0 || nc > 1 || orig > 1 || rot > 2 || kind > 1 ||
+  if (z0 != 0 || z1 != 0 || zero32 != 0 || nc > 1 || orig > 1 || rot > 3 || kind > 1 ||
       dim > (uint64_t{1} << 16) || bits > 8) {
     return DataLossError("index spec section holds out-of-range fields (dim " +
                          std::to_string(dim) + ", bits " + std::to_string(bits) + ", kind " +
@@ -347,7 +347,6 @@ Status ReadStores(const Engine& e, const FileReader& r, const std::vector<size_t
       if (!seen.insert(id).second) return DataLossError("stored id " + std::to_string(id) + " appears twice");
       std::memset(row.data(), 0, row.size());
       std::memcpy(row.data(), codes.data() + i * e.file_row_bytes, e.file_row_bytes);
-      if (e.spec.scales == IndexScales::kNone) StoreLE16(FloatToHalf(1.0f), row.data() + p.scale_offset);
       // Padding bits of the bit streams must be zero (docs/FORMAT.md section 7).
       if (p.mse_bits > 0 && UnpackBits(std::span<const uint8_t>(row.data(), p.index_bytes),
                                        p.mse_bits, std::span<uint8_t>(idx.data(), d))
@@ -358,6 +357,7 @@ Status ReadStores(const Engine& e, const FileReader& r, const std::vector<size_t
           (row[p.sign_offset + p.sign_bytes - 1] >> (p.qjl_dim % 8)) != 0) {
         return DataLossError("row " + std::to_string(i) + " has nonzero sign padding bits");
       }
+      SetDerivedScales(e, row.data());
       const size_t nscales = p.mse_bits > 0 ? p.num_blocks : 0;
       for (size_t b = 0; b < nscales + (p.qjl_dim > 0 ? 1 : 0); ++b) {
         const uint8_t* at = row.data() + p.scale_offset + b * p.scale_bytes;

@@ -55,6 +55,12 @@ Result<KVRowCodec> KVRowCodec::Create(const KVFormat& f, size_t d, const StreamI
   if (d == 0 || d > 4096) {
     return InvalidArgumentError("KV head_dim must be in 1..4096, got " + Str(d));
   }
+  if (f.rotation == RotationKind::kMix) {
+    // The attention kernels rotate queries and outputs through the Hadamard
+    // and Haar paths only; 'mix' is a search-index rotation.
+    return InvalidArgumentError(
+        "KV formats accept rotations rht, block and haar; 'mix' is for vector indexes");
+  }
   KVRowCodec c;
   c.format_ = f;
   c.head_dim_ = d;

@@ -1,5 +1,6 @@
 // Scalar reference kernels: see kernels.h. Plain loops, one element at a time,
 // in exactly the order docs/FORMAT.md specifies.
+#include "tq/rotation.h"
 #include "ref/kernels.h"
 
 #include <cmath>
@@ -84,6 +85,10 @@ void MatTVec(const float* mt, const float* x, size_t rows, size_t cols, float* y
 }
 
 void Rotate(const CodecPlan& plan, const float* x, float* y) {
+  if (plan.mix != nullptr) {
+    plan.mix->Apply(x, y);
+    return;
+  }
   if (!plan.hadamard) {
     MatTVec(plan.haar_t, x, plan.dim, plan.dim, y);
     return;
@@ -96,6 +101,10 @@ void Rotate(const CodecPlan& plan, const float* x, float* y) {
 }
 
 void RotateInverse(const CodecPlan& plan, const float* y, float* x) {
+  if (plan.mix != nullptr) {
+    plan.mix->ApplyInverse(y, x);
+    return;
+  }
   if (!plan.hadamard) {
     MatTVec(plan.haar, y, plan.dim, plan.dim, x);  // x = Q^T y: rows of Q scaled by y
     return;
