@@ -60,7 +60,7 @@ const std::vector<GoldenCase>& Cases() {
        0x23877ACB0A6667F8ULL},
       {"mse_d100_b4_mix", {.dim = 100, .bits = 4, .rotation = RotationKind::kMix,
                            .stream = {.seed = 14, .role = Role::kVector}},
-       0xDD217743E0488D2CULL},
+       0x5E2AD98392377B73ULL},
       {"mse_d64_b4_gauss", {.dim = 64, .bits = 4, .codebook = CodebookFamily::kGaussian,
                             .stream = {.seed = 10}},
        0x95649AE4C6512905ULL},

@@ -304,7 +304,7 @@ struct BenchArgs {
   size_t threads = 0;
   bool json_out = false;
   std::string plot;
-  std::string rotation = "haar";
+  std::string rotation = "mix";
   std::string scales = "f16";
   bool norm_correction = true;
   size_t rescore = 0;

@@ -13,12 +13,12 @@
 //                   For a power-of-two dim it is identical to kHadamard.
 //   kHaar           any dim: a dense Haar-random orthogonal Q (QR of a Gaussian
 //                   matrix with the sign fix R_ii > 0), one block. O(d^2).
-//   kMix            any dim, one block: kMixRounds rounds, each random
-//                   signs D_r, the normalized Walsh-Hadamard transform on
-//                   the power-of-two blocks of the binary expansion of dim,
-//                   and (between rounds) a random permutation of all
-//                   coordinates, so every output mixes every input and one
-//                   norm covers the row (like kHaar) at O(d log d) cost.
+//   kMix            any dim, one block: kMixRounds (2) rounds, each random
+//                   signs D_r and the normalized Walsh-Hadamard transform
+//                   on the power-of-two blocks of the binary expansion of
+//                   dim, with a random permutation of all coordinates
+//                   between rounds, so outputs mix inputs of every block
+//                   and one norm covers the row (like kHaar) at O(d log d) cost.
 //                   Built for search indexes at non-power-of-two dims
 //                   (GloVe's 100): the code bytes of kHaar, a fraction of
 //                   its arithmetic. Orthogonal up to the rounding of
@@ -54,7 +54,7 @@ Result<RotationKind> ParseRotationKind(std::string_view name);
 // Largest dim accepted by kHaar (a dense dim x dim matrix and its QR).
 inline constexpr size_t kMaxHaarDim = 4096;
 // Rounds of kMix (permutations between them).
-inline constexpr int kMixRounds = 3;
+inline constexpr int kMixRounds = 2;
 // Largest dim accepted by the Hadamard kinds (kMix included).
 inline constexpr size_t kMaxHadamardDim = 65536;
 

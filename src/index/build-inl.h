@@ -139,23 +139,24 @@ HWY_INLINE void RotateTail(size_t rem, const float* mt, size_t dim, size_t jb, c
 // through the S stages (in the reference's stage order; within a stage the
 // butterflies are independent), is multiplied by `post` (row scale, or
 // nullptr) and stored.
-// With src set (first pass only), row i is first read as src row g(i)
-// multiplied by pre[i], g being perm (or the identity when perm is null).
-template <size_t S>
-HWY_INLINE void FwhtPass(float* HWY_RESTRICT t, size_t n, size_t h0, const float* post,
-                         float post_all, const float* HWY_RESTRICT src = nullptr,
-                         const uint32_t* perm = nullptr, const float* pre = nullptr) {
+// With kGather (first pass only), row i is first read as src row g(i)
+// multiplied by pre[i], g being perm (or the identity when perm is null);
+// with kScale the rows are multiplied by post_all after the last stage.
+template <size_t S, bool kGather, bool kScale>
+HWY_INLINE void FwhtPass(float* HWY_RESTRICT t, size_t n, size_t h0, float post_all,
+                         const float* HWY_RESTRICT src, const uint32_t* perm,
+                         const float* pre) {
   const DF df;
   constexpr size_t kR = size_t{1} << S;
   const size_t span = h0 * kR;
-  const bool scale = post != nullptr || post_all != 1.0f;
+  const VF sc = hn::Set(df, post_all);
   for (size_t base = 0; base < n; base += span) {
     for (size_t o = 0; o < h0; ++o) {
       VF r[kR][kV];
 #pragma GCC unroll 8
       for (size_t m = 0; m < kR; ++m) {
         const size_t row = base + o + m * h0;
-        if (src != nullptr) {
+        if constexpr (kGather) {
           const float* in = src + (perm != nullptr ? perm[row] : row) * kGroup;
           const VF sg = hn::Set(df, pre[row]);
 #pragma GCC unroll 4
@@ -183,42 +184,49 @@ HWY_INLINE void FwhtPass(float* HWY_RESTRICT t, size_t n, size_t h0, const float
 #pragma GCC unroll 8
       for (size_t m = 0; m < kR; ++m) {
         const size_t row = base + o + m * h0;
-        const VF sc = hn::Set(df, post != nullptr ? post[row] : post_all);
 #pragma GCC unroll 4
         for (size_t v = 0; v < kV; ++v) {
-          hn::Store(scale ? hn::Mul(r[m][v], sc) : r[m][v], df, t + row * kGroup + v * kN);
+          hn::Store(kScale ? hn::Mul(r[m][v], sc) : r[m][v], df, t + row * kGroup + v * kN);
         }
       }
     }
   }
 }
 
-// ref::Fwht on rows t[0, n) (n a power of two) of 32 lanes, then each row
-// multiplied by post[row] (or by post_all): passes of up to 3 stages in
-// registers. Every lane gets the reference's bits: the same stages in the
-// same order, each butterfly (a + b, a - b) once, and the multiplication
-// after the last stage as the reference does it.
-// src/perm/pre: as FwhtPass, for the first pass.
-HWY_INLINE void FwhtRows(float* HWY_RESTRICT t, size_t n, const float* post, float post_all,
-                         const float* src = nullptr, const uint32_t* perm = nullptr,
-                         const float* pre = nullptr) {
+template <size_t S>
+HWY_INLINE void FwhtPassSel(bool gather, bool scale, float* t, size_t n, size_t h0, float post_all,
+                            const float* src, const uint32_t* perm, const float* pre) {
+  if (gather) {
+    if (scale) return FwhtPass<S, true, true>(t, n, h0, post_all, src, perm, pre);
+    return FwhtPass<S, true, false>(t, n, h0, post_all, src, perm, pre);
+  }
+  if (scale) return FwhtPass<S, false, true>(t, n, h0, post_all, src, perm, pre);
+  return FwhtPass<S, false, false>(t, n, h0, post_all, src, perm, pre);
+}
+
+// ref::Fwht on rows t[0, n) (n a power of two) of 32 lanes, the rows first
+// gathered from src through perm times pre (see FwhtPass), and finally
+// multiplied by post_all: passes of up to 3 stages in registers. Every lane
+// gets the reference's bits: the same stages in the same order, each
+// butterfly (a + b, a - b) once, the multiplications where the reference
+// does them (a multiplication by 1 is skipped: it changes no bits).
+HWY_INLINE void FwhtRows(float* HWY_RESTRICT t, size_t n, float post_all, const float* src,
+                         const uint32_t* perm, const float* pre) {
   size_t h0 = 1;
   size_t left = 0;
   for (size_t k = n; k > 1; k /= 2) ++left;  // log2 n
+  const bool scale = post_all != 1.0f;
   if (left == 0) {
-    FwhtPass<0>(t, n, 1, post, post_all, src, perm, pre);
+    FwhtPassSel<0>(true, scale, t, n, 1, post_all, src, perm, pre);
     return;
   }
   bool first = true;
   while (left > 0) {
     const size_t s = left >= 3 ? 3 : left;
-    const bool last = s == left;
-    const float* p = last ? post : nullptr;
-    const float pa = last ? post_all : 1.0f;
-    const float* sp = first ? src : nullptr;
-    if (s == 3) FwhtPass<3>(t, n, h0, p, pa, sp, perm, pre);
-    else if (s == 2) FwhtPass<2>(t, n, h0, p, pa, sp, perm, pre);
-    else FwhtPass<1>(t, n, h0, p, pa, sp, perm, pre);
+    const bool sc = scale && s == left;
+    if (s == 3) FwhtPassSel<3>(first, sc, t, n, h0, post_all, src, perm, pre);
+    else if (s == 2) FwhtPassSel<2>(first, sc, t, n, h0, post_all, src, perm, pre);
+    else FwhtPassSel<1>(first, sc, t, n, h0, post_all, src, perm, pre);
     first = false;
     h0 <<= s;
     left -= s;
@@ -240,9 +248,8 @@ HWY_INLINE void MixRotate(const Rotation& rot, size_t dim, const float* HWY_REST
     size_t o = 0;
     for (size_t n : rot.mix_blocks()) {
       // Rows gathered (through the permutation) times D_r, FWHT, then c_n.
-      FwhtRows(t + o * kGroup, n, nullptr, MixBlockScale(n),
-               perm != nullptr ? prev : prev + o * kGroup, perm != nullptr ? perm + o : nullptr,
-               d + o);
+      FwhtRows(t + o * kGroup, n, MixBlockScale(n), perm != nullptr ? prev : prev + o * kGroup,
+               perm != nullptr ? perm + o : nullptr, d + o);
       o += n;
     }
     prev = t;
