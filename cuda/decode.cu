@@ -710,20 +710,48 @@ __global__ void MergeKernel(Layer L, DecodeShape s, const float* __restrict__ op
 
 size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
+int ValueCase(const Layer& L) {
+  if (L.v.kind == kCompTq) return L.v.bits == 2 ? kVTq2 : L.v.bits == 3 ? kVTq3 : kVTq4;
+  return L.v.bits == 4 ? kVInt4 : kVInt8;
+}
+
+
+// The decode kernel instance of a layer and its dynamic shared memory (the
+// opt-in above 48 KiB is set here, once per call: it is idempotent).
 template <int D, int KB, int VC>
-cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, const int32_t* lens,
-                      const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
+cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, const int32_t*,
+                                                           const int32_t*, const __half*, float*,
+                                                           float*),
+                            size_t* smem) {
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
   const bool staged = L.block_size % 16 == 0;
   const size_t staged_bytes = static_cast<size_t>(C::kLutWords) * 4 + static_cast<size_t>(kNw) * S::kStages * S::kBytes;
-  const size_t smem = std::max(static_cast<size_t>(C::kSmemWords) * 4, staged ? staged_bytes : size_t{0});
-  auto kernel = staged ? DecodeKernelStaged<D, KB, VC> : DecodeKernel<D, KB, VC>;
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+  *smem = std::max(static_cast<size_t>(C::kSmemWords) * 4, staged ? staged_bytes : size_t{0});
+  *kernel = staged ? DecodeKernelStaged<D, KB, VC> : DecodeKernel<D, KB, VC>;
+  if (*smem > 48 * 1024) {
+    return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(*smem));
   }
+  return cudaSuccess;
+}
+
+template <int D, int KB, int VC>
+cudaError_t Occupancy(const Layer& L, int* blocks_per_sm) {
+  void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
+  size_t smem = 0;
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem);
+  if (e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kNw * 32, smem);
+}
+
+template <int D, int KB, int VC>
+cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, const int32_t* lens,
+                      const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
+  void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
+  size_t smem = 0;
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem);
+  if (e != cudaSuccess) return e;
   const dim3 grid(s.splits, L.H, s.batch);
   kernel<<<grid, kNw * 32, smem, stream>>>(L, s, bt, lens, qrot, opart, ml);
   return cudaGetLastError();
@@ -767,13 +795,7 @@ cudaError_t RunAll(const Layer& L, const DecodeShape& s, const void* q, void* ou
   RotateQueries<D, TQ><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, static_cast<const TQ*>(q), qrot);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  int vc;
-  if (L.v.kind == kCompTq) {
-    vc = L.v.bits == 2 ? kVTq2 : L.v.bits == 3 ? kVTq3 : kVTq4;
-  } else {
-    vc = L.v.bits == 4 ? kVInt4 : kVInt8;
-  }
-  e = RunDecodeK<D>(L, vc, s, bt, lens, qrot, opart, ml, stream);
+  e = RunDecodeK<D>(L, ValueCase(L), s, bt, lens, qrot, opart, ml, stream);
   if (e != cudaSuccess) return e;
   MergeKernel<D, TO><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, opart, ml, static_cast<TO*>(out));
   return cudaGetLastError();
@@ -801,7 +823,41 @@ cudaError_t RunQ(const Layer& L, const DecodeShape& s, const void* q, int q_dtyp
   }
 }
 
+template <int D, int KB>
+cudaError_t OccupancyV(const Layer& L, int vc, int* n) {
+  switch (vc) {
+    case kVTq2: return Occupancy<D, KB, kVTq2>(L, n);
+    case kVTq3: return Occupancy<D, KB, kVTq3>(L, n);
+    case kVTq4: return Occupancy<D, KB, kVTq4>(L, n);
+    case kVInt4: return Occupancy<D, KB, kVInt4>(L, n);
+    case kVInt8: return Occupancy<D, KB, kVInt8>(L, n);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <int D>
+cudaError_t OccupancyK(const Layer& L, int vc, int* n) {
+  switch (L.k.bits) {
+    case 2: return OccupancyV<D, 2>(L, vc, n);
+    case 3: return OccupancyV<D, 3>(L, vc, n);
+    case 4: return OccupancyV<D, 4>(L, vc, n);
+    case 8: return OccupancyV<D, 8>(L, vc, n);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
+
+cudaError_t DecodeBlocksPerSm(const Layer& layer, int* blocks_per_sm) {
+  *blocks_per_sm = 0;
+  const int vc = ValueCase(layer);
+  switch (layer.D) {
+    case 64: return OccupancyK<64>(layer, vc, blocks_per_sm);
+    case 128: return OccupancyK<128>(layer, vc, blocks_per_sm);
+    case 256: return OccupancyK<256>(layer, vc, blocks_per_sm);
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 size_t DecodeWorkspaceBytes(const DecodeShape& s, int D) {
   const size_t rows = static_cast<size_t>(s.batch) * s.hq;

@@ -444,14 +444,30 @@ Result<DecodePlan> DeviceLayer::PlanDecode(size_t batch, size_t num_q_heads, siz
   if (max_seq_len == 0 || max_seq_len > (size_t{1} << 30)) {
     return InvalidArgumentError("PlanDecode: max_seq_len must be in 1..2^30, got " + Str(max_seq_len));
   }
-  // Enough CTAs for about four per SM, at least 256 tokens a split.
+  // Split-KV grid in whole waves: a grid of pairs x splits CTAs runs in
+  // ceil(CTAs / (SMs x CTAs per SM)) waves, each as long as one split, so a
+  // grid just above a wave takes twice as long as one just below it (first
+  // measured on the H200: 640 CTAs of 4 per SM on 132 SMs = 1.21 waves).
+  // Among splits of at least 256 tokens (64-token multiples), take the
+  // fewest waves x tokens per split, counting 64 tokens of fixed cost per
+  // CTA (its tables and merge); ties go to fewer splits.
   const size_t pairs = batch * static_cast<size_t>(L.H);
-  const size_t target = static_cast<size_t>(std::max(impl_->sm_count, 1)) * 4;
-  size_t splits = std::max<size_t>(1, (target + pairs - 1) / pairs);
-  splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
-  size_t tps = (max_seq_len + splits - 1) / splits;
-  tps = (tps + 63) / 64 * 64;
-  splits = (max_seq_len + tps - 1) / tps;
+  int per_sm = 0;
+  TQ_CUDA_RETURN(detail::DecodeBlocksPerSm(L, &per_sm), "PlanDecode: occupancy of the decode kernel");
+  const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(std::max(per_sm, 1));
+  const size_t max_splits = std::min<size_t>(std::max<size_t>(1, (max_seq_len + 255) / 256), 4096);
+  size_t splits = 1, tps = 0, best = SIZE_MAX;
+  for (size_t cand = 1; cand <= max_splits; ++cand) {
+    const size_t t = ((max_seq_len + cand - 1) / cand + 63) / 64 * 64;
+    const size_t sp = (max_seq_len + t - 1) / t;
+    const size_t waves = (pairs * sp + capacity - 1) / capacity;
+    const size_t cost = waves * (t + 64);
+    if (cost < best) {
+      best = cost;
+      splits = sp;
+      tps = t;
+    }
+  }
   DecodePlan p;
   p.splits = splits;
   p.tokens_per_split = tps;

@@ -465,6 +465,7 @@ void RunBench(const BenchArgs& a) {
     }
   }
   json peers_json;
+  std::vector<std::string> skipped;
   if (a.peers) {
     const std::string script = a.peers_script.empty() ? DefaultPeersScript() : a.peers_script;
     const std::string cmd = ShellQuote(a.python) + " " + ShellQuote(script) + " --base " +
@@ -504,6 +505,12 @@ void RunBench(const BenchArgs& a) {
       for (size_t k : kRecallKs) m.recall1.push_back(r["recall_1_at_k"].value(std::to_string(k), 0.0));
       if (r.contains("params")) m.extra = r["params"];
       results.push_back(m);
+    }
+    // Peers asked for but not importable are said, not dropped silently.
+    for (const auto& sk : peers_json.value("env", json::object()).value("skipped", json::array())) {
+      skipped.push_back(sk.get<std::string>());
+      std::fprintf(stderr, "warning: peer skipped: %s (pip install -r bench/peers/requirements.txt)\n",
+                   skipped.back().c_str());
     }
   }
   if (!a.plot.empty()) {
@@ -558,6 +565,7 @@ void RunBench(const BenchArgs& a) {
     t.AddRow(row);
   }
   t.Print(stdout);
+  for (const auto& sk : skipped) std::printf("peer skipped: %s\n", sk.c_str());
   if (!a.plot.empty()) std::printf("plot written to %s\n", a.plot.c_str());
 }
 

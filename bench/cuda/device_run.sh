@@ -4,7 +4,8 @@
 # and the joined report. Binaries are built elsewhere (nvcc on the
 # development machine) and carried in $CARRY/bin with the shared libraries
 # they need in $CARRY/lib.
-#   CARRY=.devcarry OUT=/tmp/out bench/cuda/device_run.sh [quick|full]
+#   CARRY=.devcarry OUT=/tmp/out bench/cuda/device_run.sh [quick|full|bench|profile]
+# profile: ncu of one write and one staged decode launch only.
 set -uo pipefail
 CARRY=${CARRY:-.devcarry}
 OUT=${OUT:-/tmp/tq-gpu-out}
@@ -16,10 +17,12 @@ export PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
 } > "$OUT/tq.log" 2>&1
-echo "== cuda_test"
-"$CARRY/bin/cuda_test" --gtest_brief=1 > "$OUT/cuda_test.log" 2>&1
-echo "cuda_test rc=$?"; tail -4 "$OUT/cuda_test.log"
-if [ "$MODE" != "bench" ]; then
+if [ "$MODE" != "profile" ]; then
+  echo "== cuda_test"
+  "$CARRY/bin/cuda_test" --gtest_brief=1 > "$OUT/cuda_test.log" 2>&1
+  echo "cuda_test rc=$?"; tail -4 "$OUT/cuda_test.log"
+fi
+if [ "$MODE" != "bench" ] && [ "$MODE" != "profile" ]; then
   echo "== compute-sanitizer"
   subset='*CudaWrite*k3_v3_d128*:*CudaWrite*q8_d64*:*CudaWrite*turboquant_4bit_nc_d256*:*CudaDecode*k3_v3_d128_g4_bs16*:*CudaDecode*k8_v4_d128*:*CudaDecode*k4_v8_d64*:*CudaDecode*k2_v2_d64*:*CudaWriteErrors*'
   for tool in memcheck racecheck; do
@@ -29,11 +32,16 @@ if [ "$MODE" != "bench" ]; then
   done
 fi
 if [ "$MODE" = "profile" ]; then
-  echo "== ncu (write and decode kernels, one launch each)"
-  ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section LaunchStats -k regex:'WriteKernel|DecodeKernelStaged' -c 2 \
-      "$CARRY/bin/tq_cuda_bench" --presets k3_v3 --batch 16 --context 32768 --reps 2 > "$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Theoretical Occ|Warp Cycles Per Issued|Issue Slots|Eligible" "$OUT/ncu.txt" | head -30
+  echo "== ncu (one launch of the write kernel, one of the staged decode kernel)"
+  for k in WriteKernel DecodeKernelStaged; do
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
+        -k regex:$k -c 1 \
+        "$CARRY/bin/tq_cuda_bench" --presets k3_v3 --batch 16 --context 32768 --reps 2 > "$OUT/ncu_$k.txt" 2>&1
+    echo "ncu $k rc=$?"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Theoretical Occ|Warp Cycles Per Issued|Issue Slots|Eligible|Executed Ipc|Block Size|Grid Size|L1/TEX Hit|L2 Hit" "$OUT/ncu_$k.txt" | head -30
+  done
+  exit 0
 fi
 if [ "$MODE" = "quick" ]; then
   args=(--presets k3_v3,k4_v4,k8_v4 --batch 1,16 --context 4096,32768)

@@ -49,7 +49,7 @@ if [[ $STEPS == *build* ]]; then
   # saves compiling the kernels on the device; used only when the recorded
   # hashes of cuda/ and its headers still match the tree:
   #   cp build/<dir>/tq/cuda/libtq_cuda.a .pydev/prebuilt/
-  #   sha256sum cuda/*.cu cuda/*.cuh cuda/CMakeLists.txt include/tq/{cuda,paged_kv_cache,kv_format,status}.h \
+  #   sha256sum cuda/*.cu cuda/*.cuh cuda/CMakeLists.txt include/tq/{cuda,paged_kv_cache,kv_format,status,rotation,codec}.h src/core/plan.h \
   #     > .pydev/prebuilt/SOURCES.sha256
   cuda_args=(-DTQ_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
   if [[ -f .pydev/prebuilt/libtq_cuda.a ]] && sha256sum -c --quiet .pydev/prebuilt/SOURCES.sha256 >/dev/null 2>&1; then
