@@ -144,7 +144,7 @@ void RegisterDistortion(CLI::App& app) {
   cmd->add_option("--dim", args->dim, "vector dimension")->capture_default_str();
   cmd->add_option("--bits", args->bits, "comma-separated bit widths (1..8)")->capture_default_str();
   cmd->add_option("--samples", args->samples, "number of (x, y) pairs")->capture_default_str();
-  cmd->add_option("--rotation", args->rotation, "rht | block | haar")->capture_default_str();
+  cmd->add_option("--rotation", args->rotation, "rht | block | haar | mix")->capture_default_str();
   cmd->add_option("--codebook", args->codebook, "sphere | gaussian")->capture_default_str();
   cmd->add_flag("--norm-correction", args->norm_correction, "store corrected norms (default: plain norms, as the paper)");
   cmd->add_flag("--f16-scales", args->f16, "store scales as fp16 (default fp32, as the paper)");
