@@ -439,6 +439,31 @@ __device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, cons
   }
 }
 
+// The tokens split `split` of sequence b covers for this warp: [first, t1)
+// in steps of 16 * kNw (tiles of 16 tokens, warps interleaved), tiles that
+// end before the window's start skipped.
+struct SplitSpan {
+  int len = 0;    // sequence length
+  int start = 0;  // first token in the window
+  int t1 = 0;     // end of the split
+  int first = 0;  // this warp's first tile
+  const int32_t* bt = nullptr;  // the sequence's block table
+};
+
+__device__ __forceinline__ SplitSpan SpanOf(const DecodeShape& s, const int32_t* block_tables,
+                                            const int32_t* seq_lens, int b, int split, int warp) {
+  SplitSpan p;
+  p.len = seq_lens[b];
+  p.start = s.window > 0 ? max(0, p.len - s.window) : 0;
+  const int t0 = split * s.tokens_per_split;
+  p.t1 = min(t0 + s.tokens_per_split, p.len);
+  p.bt = block_tables + static_cast<long long>(b) * s.max_blocks;
+  p.first = t0 + 16 * warp;
+  if (p.first + 16 <= p.start) p.first += ((p.start - p.first - 1) / (16 * kNw)) * 16 * kNw;
+  if (p.first + 16 <= p.start) p.first += 16 * kNw;
+  return p;
+}
+
 // Generic path (any power-of-two block size): each thread loads its rows
 // from global memory, one tile ahead.
 template <int D, int KB, int VC>
@@ -456,11 +481,9 @@ __global__ void __launch_bounds__(kNw * 32)
   BuildTables<D, KB, VC>(L, klut, vlut);
   __syncthreads();
 
-  const int len = seq_lens[b];
-  const int start = s.window > 0 ? max(0, len - s.window) : 0;
-  const int t0 = split * s.tokens_per_split;
-  const int t1 = min(t0 + s.tokens_per_split, len);
-  const int32_t* bt = block_tables + static_cast<long long>(b) * s.max_blocks;
+  const SplitSpan sp = SpanOf(s, block_tables, seq_lens, b, split, warp);
+  const int len = sp.len, start = sp.start, t1 = sp.t1;
+  const int32_t* bt = sp.bt;
   uint32_t qf[D / 8];
   LoadQuery<D>(s, qrot, b, h, g, t, qf);
   // int8 keys: local channels below kbound use the first group's scale.
@@ -469,8 +492,7 @@ __global__ void __launch_bounds__(kNw * 32)
   InitState<D>(ws);
   const uint32_t* kl = klut + lane;
   const uint32_t* vl = vlut + lane;
-  int tb = t0 + 16 * warp;
-  if (tb + 16 <= start) tb += ((start - tb) / (16 * kNw)) * 16 * kNw;
+  int tb = sp.first;
   Raw<D, KB, VC> cur, nxt;
   if (tb < t1) LoadTile<D, KB, VC>(L, bt, h, tb, len, g, t, cur);
   for (; tb < t1; tb += 16 * kNw) {
@@ -576,16 +598,10 @@ __global__ void __launch_bounds__(kNw * 32)
   uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
   uint8_t* stages = reinterpret_cast<uint8_t*>(smem + C::kLutWords) + warp * NS * S::kBytes;
 
-  const int len = seq_lens[b];
-  const int start = s.window > 0 ? max(0, len - s.window) : 0;
-  const int t0 = split * s.tokens_per_split;
-  const int t1 = min(t0 + s.tokens_per_split, len);
-  const int32_t* bt = block_tables + static_cast<long long>(b) * s.max_blocks;
-  // This warp's tiles: tb_k = first + k * 64, k = 0 .. n-1, skipping tiles
-  // that end before the window starts.
-  int first = t0 + 16 * warp;
-  if (first + 16 <= start) first += ((start - first - 1) / (16 * kNw)) * 16 * kNw;
-  if (first + 16 <= start) first += 16 * kNw;
+  const SplitSpan sp = SpanOf(s, block_tables, seq_lens, b, split, warp);
+  const int len = sp.len, start = sp.start, t1 = sp.t1, first = sp.first;
+  const int32_t* bt = sp.bt;
+  // This warp's tiles: tb_k = first + k * 16 * kNw, k = 0 .. n-1.
   const int n = first < t1 ? (t1 - first + 16 * kNw - 1) / (16 * kNw) : 0;
 #pragma unroll
   for (int k = 0; k < NS - 1; ++k) {

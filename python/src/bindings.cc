@@ -56,7 +56,8 @@ using AnyArray = nb::ndarray<nb::device::cpu>;
 using F32Out = nb::ndarray<nb::numpy, float>;
 using U8Out = nb::ndarray<nb::numpy, uint8_t>;
 
-bool IsCContiguous(const AnyArray& a) {
+template <class Array>  // AnyArray (CPU) or DevArray (any device)
+bool IsCContiguous(const Array& a) {
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expect) return false;
@@ -234,15 +235,6 @@ void CheckInts(const AnyArray& a, const char* name, size_t ndim) {
 
 using DevArray = nb::ndarray<>;
 
-bool IsCContiguousDev(const DevArray& a) {
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
-    expect *= static_cast<int64_t>(a.shape(i));
-  }
-  return true;
-}
-
 #ifdef TQ_PY_CUDA
 std::string ShapeStr(const DevArray& a) {
   std::string s = "[";
@@ -265,7 +257,7 @@ void CheckCuda(const DevArray& a, const char* name, size_t ndim, int* device) {
   if (a.ndim() != ndim) {
     throw nb::value_error((std::string(name) + ": must be " + std::to_string(ndim) + "-D, got " + ShapeStr(a)).c_str());
   }
-  if (!IsCContiguousDev(a)) {
+  if (!IsCContiguous(a)) {
     throw nb::value_error((std::string(name) + ": must be C-contiguous (tensor.contiguous())").c_str());
   }
 }

@@ -149,7 +149,8 @@ void Rotation::Apply(const float* x, float* y) const {
   }
   if (kind_ == RotationKind::kMix) {
     // Round r: t = in * D_r; per block FWHT, then * c_n; in = t[perm_r].
-    std::vector<float> in(x, x + dim_);
+    thread_local std::vector<float> in;
+    in.assign(x, x + dim_);
     for (int r = 0; r < kMixRounds; ++r) {
       const float* d = signs_[r].data();
       size_t o = 0;
@@ -181,7 +182,8 @@ void Rotation::ApplyInverse(const float* y, float* x) const {
   if (kind_ == RotationKind::kMix) {
     // Rounds in reverse: undo round r's permutation (r < last), then per
     // block FWHT, * c_n (c_n H is its own inverse up to c_n's rounding), * D_r.
-    std::vector<float> cur(y, y + dim_);
+    thread_local std::vector<float> cur;
+    cur.assign(y, y + dim_);
     for (int r = kMixRounds - 1; r >= 0; --r) {
       if (r + 1 < kMixRounds) {
         const uint32_t* perm = perms_[r].data();

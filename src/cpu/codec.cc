@@ -1,8 +1,8 @@
 // Highway SIMD kernels of the CPU codec: dynamic dispatch over the per-target
 // code in cpu/codec-inl.h (see there for the arithmetic contract: the code
 // bytes equal tq::ref's on every target).
-#include "tq/rotation.h"
 #include "cpu/dispatch.h"
+#include "tq/rotation.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/codec.cc"  // relative to the src/ include dir

@@ -137,8 +137,7 @@ HWY_INLINE void RotateTail(size_t rem, const float* mt, size_t dim, size_t jb, c
 // Stages h0, 2 h0, ..., (2^S / 2) h0 of ref::Fwht on rows t[0, n) of 32
 // lanes, in registers: each set of 2^S rows h0 apart is loaded once, goes
 // through the S stages (in the reference's stage order; within a stage the
-// butterflies are independent), is multiplied by `post` (row scale, or
-// nullptr) and stored.
+// butterflies are independent) and is stored.
 // With kGather (first pass only), row i is first read as src row g(i)
 // multiplied by pre[i], g being perm (or the identity when perm is null);
 // with kScale the rows are multiplied by post_all after the last stage.
@@ -237,9 +236,8 @@ HWY_INLINE void FwhtRows(float* HWY_RESTRICT t, size_t n, float post_all, const 
 // lane): each round reads its input rows through the previous round's
 // permutation times D_r, then per block FWHT and c_n. zt is scratch; xt is
 // left unchanged.
-HWY_INLINE void MixRotate(const Rotation& rot, size_t dim, const float* HWY_RESTRICT xt,
+HWY_INLINE void MixRotate(const Rotation& rot, const float* HWY_RESTRICT xt,
                           float* HWY_RESTRICT yt, float* HWY_RESTRICT zt) {
-  (void)dim;
   const float* prev = xt;
   for (int r = 0; r < kMixRounds; ++r) {
     float* t = ((kMixRounds - 1 - r) % 2 == 0) ? yt : zt;
@@ -456,10 +454,11 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
   // Meanwhile the next group's rows are requested (a slice per block), so
   // that its transposition does not wait for memory.
   std::memset(s.ssy, 0, sizeof(s.ssy));
+  const char* pf = reinterpret_cast<const char*>(next);
+  const char* pf_end = pf + next_floats * sizeof(float);
   if (a.mix != nullptr) {
-    const char* q = reinterpret_cast<const char*>(next);
-    for (size_t b = 0; b < next_floats * sizeof(float); b += 64) __builtin_prefetch(q + b, 0, 2);
-    MixRotate(*a.mix, dim, xt, yt, s.zt.get());
+    for (; pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 2);
+    MixRotate(*a.mix, xt, yt, s.zt.get());
     for (size_t j = 0; j < dim; ++j) {
       float* acc = s.ssy + (j % 16) * kGroup;
       for (size_t v = 0; v < kV; ++v) {
@@ -467,18 +466,17 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
         hn::Store(hn::Add(hn::Load(df, acc + v * kN), hn::Mul(y, y)), df, acc + v * kN);
       }
     }
-  }
-  const char* pf = reinterpret_cast<const char*>(next);
-  const char* pf_end = pf + next_floats * sizeof(float);
-  const size_t blocks = (kGroup / (kRV * kNR)) * ((dim + kJ - 1) / kJ);
-  const size_t pf_step = ((next_floats * sizeof(float) / 64 + blocks) / blocks) * 64;
-  for (size_t r0 = 0; r0 < (a.mix != nullptr ? 0 : kGroup); r0 += kRV * kNR) {
-    for (size_t jb = 0; jb < dim; jb += kJ) {
-      for (const char* e = pf + pf_step; pf < e && pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 2);
-      if (jb + kJ <= dim) {
-        RotateBlock<kJ>(a.mt, dim, jb, xt, yt, s.ssy, r0);
-      } else {
-        RotateTail<kJ - 1>(dim - jb, a.mt, dim, jb, xt, yt, s.ssy, r0);
+  } else {
+    const size_t blocks = (kGroup / (kRV * kNR)) * ((dim + kJ - 1) / kJ);
+    const size_t pf_step = ((next_floats * sizeof(float) / 64 + blocks) / blocks) * 64;
+    for (size_t r0 = 0; r0 < kGroup; r0 += kRV * kNR) {
+      for (size_t jb = 0; jb < dim; jb += kJ) {
+        for (const char* e = pf + pf_step; pf < e && pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 2);
+        if (jb + kJ <= dim) {
+          RotateBlock<kJ>(a.mt, dim, jb, xt, yt, s.ssy, r0);
+        } else {
+          RotateTail<kJ - 1>(dim - jb, a.mt, dim, jb, xt, yt, s.ssy, r0);
+        }
       }
     }
   }

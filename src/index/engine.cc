@@ -177,8 +177,10 @@ float DerivedScale(const CodecPlan& p, const uint8_t* idx, size_t r) {
   return ss > 0.0f ? 1.0f / std::sqrt(ss) : 0.0f;
 }
 
-}  // namespace
-
+// Scales 'none': the scales a codec row of a unit vector gets in memory (f32:
+// the derived 1/||c[idx]|| per block with norm correction, else 1), from its
+// indices, as rows added and rows loaded from a file (which has none) alike;
+// any other scales: nothing.
 void SetDerivedScales(const Engine& e, uint8_t* row) {
   const CodecPlan& p = e.codec->plan();
   if (e.spec.scales != IndexScales::kNone || p.mse_bits == 0) return;
@@ -191,6 +193,18 @@ void SetDerivedScales(const Engine& e, uint8_t* row) {
   }
 }
 
+// resize(n, fill) when zero, else resize(n) (PodVector: left unwritten).
+template <class V>
+void Grow(V* v, size_t n, bool zero, typename V::value_type fill) {
+  if (zero) {
+    v->resize(n, fill);
+  } else {
+    v->resize(n);
+  }
+}
+
+}  // namespace
+
 void ReserveStore(const Engine& e, Store* s, size_t n, bool zero) {
   const size_t d = e.spec.dim;
   const bool l2 = e.spec.metric == Metric::kL2;
@@ -198,17 +212,9 @@ void ReserveStore(const Engine& e, Store* s, size_t n, bool zero) {
   if (e.fast) {
     const ScanLayout& l = e.layout;
     const bool keep_scales = e.spec.scales != IndexScales::kNone || e.spec.norm_correction;
-    if (zero) {
-      s->groups.resize(groups * l.group_bytes, 0);
-    } else {
-      s->groups.resize(groups * l.group_bytes);
-    }
+    Grow(&s->groups, groups * l.group_bytes, zero, 0);
     if (keep_scales) {
-      if (zero) {
-        s->scales.resize(groups * l.num_rblocks * kGroup, 0.0f);
-      } else {
-        s->scales.resize(groups * l.num_rblocks * kGroup);
-      }
+      Grow(&s->scales, groups * l.num_rblocks * kGroup, zero, 0.0f);
       s->scale_bounds.resize(groups * l.num_rblocks * 2, 0.0f);
     }
     if (l2) {
@@ -219,15 +225,9 @@ void ReserveStore(const Engine& e, Store* s, size_t n, bool zero) {
     s->rows.resize(n * e.codec->row_bytes(), 0);
     if (l2) s->norms2.resize(n, 0.0f);
   }
-  if (!zero) {
-    if (e.spec.store_originals) s->originals.resize(n * d);
-    s->ids.resize(n);
-    s->removed.resize(n);
-    return;
-  }
-  if (e.spec.store_originals) s->originals.resize(n * d, 0.0f);
-  s->ids.resize(n, -1);
-  s->removed.resize(n, 0);
+  if (e.spec.store_originals) Grow(&s->originals, n * d, zero, 0.0f);
+  Grow(&s->ids, n, zero, int64_t{-1});
+  Grow(&s->removed, n, zero, 0);
 }
 
 void WriteAt(const Engine& e, Store* s, size_t pos, const uint8_t* row, int64_t id, float norm2,

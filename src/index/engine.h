@@ -153,10 +153,6 @@ void AppendRows(const Engine& e, Store* s, const uint8_t* rows, const int64_t* i
 // (zero = false: the new positions' group bytes, scales, ids, removed flags
 // and originals are left unwritten for the caller to fill, every byte.)
 void ReserveStore(const Engine& e, Store* s, size_t n, bool zero = true);
-// Scales 'none': writes the scales a codec row of a unit vector is given in
-// memory (f32: the derived 1/||c[idx]|| per block with norm correction, else
-// 1), from its indices; any other scales: nothing.
-void SetDerivedScales(const Engine& e, uint8_t* row);
 void WriteAt(const Engine& e, Store* s, size_t pos, const uint8_t* row, int64_t id, float norm2,
              const float* orig);
 void TruncateStore(const Engine& e, Store* s, size_t n);

@@ -100,8 +100,8 @@ void BuildTables(const ScanLayout& layout, const CodecPlan& plan, const float* q
 void ComputeGroupBounds(const ScanLayout& layout, const float* scales, const float* norms2,
                         size_t g0, size_t g1, float* scale_bounds, float* norm2_min);
 
-// Fused build of one group (FlatIndex::Add's fast path: MSE codes, one dense
-// Haar rotation block, cosine). Lanes [lo, hi) of the group get rows
+// Fused build of one group (FlatIndex::Add's fast path: MSE codes, one
+// rotation block - haar or mix - cosine). Lanes [lo, hi) of the group get rows
 // x[0, hi - lo) ([dim] floats each, unnormalized): every row is validated
 // (finite, nonzero), normalized in double, rotated, quantized and written as
 // nibbles into `group`, its derived scale 1/||c[idx]|| into scales[lane] when

@@ -121,7 +121,8 @@ Status DescribeBadRow(const Engine& e, const float* x, size_t r) {
 }
 
 // FlatIndex::Add's fused path (fastscan.h BuildGroup) applies: MSE fast-scan
-// codes of one dense Haar block, cosine vectors, scales derived (not stored).
+// codes of one rotation block (haar or mix), cosine vectors, scales derived
+// (not stored).
 std::atomic<int> g_fused_build{1};  // 0 off, 1 on, 2 on with every lane through the codec
 
 bool FusedBuild(const Engine& e) {

@@ -357,7 +357,6 @@ Status ReadStores(const Engine& e, const FileReader& r, const std::vector<size_t
           (row[p.sign_offset + p.sign_bytes - 1] >> (p.qjl_dim % 8)) != 0) {
         return DataLossError("row " + std::to_string(i) + " has nonzero sign padding bits");
       }
-      SetDerivedScales(e, row.data());
       const size_t nscales = p.mse_bits > 0 ? p.num_blocks : 0;
       for (size_t b = 0; b < nscales + (p.qjl_dim > 0 ? 1 : 0); ++b) {
         const uint8_t* at = row.data() + p.scale_offset + b * p.scale_bytes;

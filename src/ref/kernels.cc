@@ -1,6 +1,5 @@
 // Scalar reference kernels: see kernels.h. Plain loops, one element at a time,
 // in exactly the order docs/FORMAT.md specifies.
-#include "tq/rotation.h"
 #include "ref/kernels.h"
 
 #include <cmath>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "tq/format.h"
+#include "tq/rotation.h"
 
 namespace tq::ref {
 

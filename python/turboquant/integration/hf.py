@@ -313,7 +313,7 @@ class TurboQuantCache(Cache):
                 raise IntegrationError(
                     f"layer {layer}: preset '{preset}' (head_dim {self.head_dim}, block_size {block_size}, GQA "
                     f"{gqa}) is not supported by the CUDA backend: {why}")
-        if self.device.type == "cuda" and self.device.index is None:
+        if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.block_size = block_size
         self.blocks_per_seq = -(-max_cache_len // block_size)
@@ -408,10 +408,8 @@ class TurboQuantCache(Cache):
     def take_write_errors(self) -> Dict[str, int]:
         """CUDA: synchronizes and sums the write kernel's error counters over the
         layers since the last call (all zero when every row was written)."""
-        if not self.on_cuda:
-            return {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
         tot = {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
-        for dev in self._dev_layers:
+        for dev in self._dev_layers if self.on_cuda else ():
             e = dev.take_errors()
             for k in tot:
                 tot[k] += e[k]
