@@ -126,10 +126,13 @@ TEST(FastScanTables, FloatAndByteTablesMatchDefinition) {
 
 // Random codes, tables, scales and norms; compares every target to ref.
 void CheckTargetsAgainstRef(size_t dim, int bits, size_t groups, size_t nq, bool scales,
-                            bool norms, bool thresholds) {
-  Codec c = MakeCodec(dim, bits);
+                            bool norms, bool thresholds, bool dot = false) {
+  // Dot mode needs one rotation block (Haar); the table path is checked with
+  // the multi-block layouts of block Hadamard.
+  Codec c = MakeCodec(dim, bits, dot ? RotationKind::kHaar : RotationKind::kBlockHadamard);
   const ScanLayout l = MakeScanLayout(c.plan());
-  SplitMix64 rng(dim * 1000 + static_cast<size_t>(bits) * 10 + nq);
+  ASSERT_EQ(l.dot_eligible, dot || (bits >= 3 && l.num_rblocks == 1));
+  SplitMix64 rng(dim * 1000 + static_cast<size_t>(bits) * 10 + nq + (dot ? 7 : 0));
   // One guard byte before the codes makes them misaligned on purpose.
   std::vector<uint8_t> storage(1 + groups * l.group_bytes);
   uint8_t* codes = storage.data() + 1;
@@ -146,12 +149,25 @@ void CheckTargetsAgainstRef(size_t dim, int bits, size_t groups, size_t nq, bool
       qs[q].bias[r] = static_cast<float>(rng.NextDouble() - 0.5);
     }
   }
+  // Dot mode: int8 queries, the padding zero; some all +127 or all -127 (the
+  // extremes of the int32 sums).
+  std::vector<std::vector<int8_t>> q8(nq, std::vector<int8_t>(l.dot_dims, 0));
+  if (dot) {
+    for (size_t q = 0; q < nq; ++q) {
+      for (size_t j = 0; j < dim; ++j) {
+        q8[q][j] = q == 1 ? 127 : q == 2 ? -127 : static_cast<int8_t>(static_cast<int>(rng.Next() % 255) - 127);
+      }
+      qs[q].q8 = q8[q].data();
+      qs[q].inv_a[0] = static_cast<float>(rng.NextDouble() * 1e-4 + 1e-6);
+    }
+  }
   std::vector<float> sc(groups * l.num_rblocks * kGroup), n2(groups * kGroup), thr(nq);
   for (auto& v : sc) v = static_cast<float>(rng.NextDouble() * 2);
   for (auto& v : n2) v = static_cast<float>(rng.NextDouble());
   for (auto& v : thr) v = static_cast<float>(rng.NextDouble() * 0.5);
   ScanArgs a;
   a.layout = &l;
+  a.dot = dot;
   a.codes = codes;
   a.scales = scales ? sc.data() : nullptr;
   a.norms2 = norms ? n2.data() : nullptr;
@@ -336,6 +352,78 @@ TEST(FusedBuild, EveryTargetEqualsTheGeneralPath) {
       st = index->Add(x, ids);
       EXPECT_NE(st.message().find("appears twice"), std::string::npos) << st.ToString();
       EXPECT_EQ(index->Serialize(), before);
+    }
+  }
+}
+
+// Dot mode (int8 query times byte codebook, fastscan.h): the native target
+// (AVX3_DL, AVX-512 VNNI) and every other target (the reference) against the
+// reference, bit for bit, over tails of every length, several groups and both
+// queries-per-pass branches.
+TEST(FastScanKernel, DotModeEveryTargetEqualsReference) {
+  std::printf("dot mode native here: %s\n", DotScanSupported() ? "yes" : "no");
+  for (int bits = 3; bits <= 4; ++bits) {
+    for (size_t dim : {1, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 65, 100, 129, 300, 1024}) {
+      for (size_t nq : {1, 2, 3, 5, 16}) {
+        const bool flag = (dim + nq) % 2 == 0;
+        CheckTargetsAgainstRef(dim, bits, nq == 2 ? 1 : 3, nq, flag, !flag, nq != 3, true);
+      }
+    }
+  }
+}
+
+// Dot-mode query: bytes within +-127, padding zero, and the estimate
+// acc · inv_a + bias within the error the two roundings allow:
+// dim · 127.5 · step / a (query bytes) + step / 2 · sum |q| (codebook bytes).
+TEST(FastScanTables, DotQueryEstimateWithinRoundingBound) {
+  for (int bits = 3; bits <= 4; ++bits) {
+    for (size_t dim : {5, 64, 100, 257}) {
+      Codec c = MakeCodec(dim, bits, RotationKind::kHaar);
+      const CodecPlan& p = c.plan();
+      const ScanLayout l = MakeScanLayout(p);
+      ASSERT_TRUE(l.dot_eligible);
+      EXPECT_EQ(l.dot_dims % 4, 0u);
+      EXPECT_GE(l.dot_dims, dim);
+      // The byte codebook spans 0..255 and is ordered like the centroids.
+      EXPECT_EQ(l.dot_cb[0], 0);
+      EXPECT_EQ(l.dot_cb[(1 << bits) - 1], 255);
+      for (int v = 0; v < (1 << bits); ++v) {
+        EXPECT_NEAR(l.dot_min + l.dot_step * l.dot_cb[v], p.blocks[0].centroids[v], 0.5 * l.dot_step + 1e-6);
+      }
+      GaussianStream g(7 + dim);
+      std::vector<float> q(dim);
+      for (auto& v : q) v = static_cast<float>(g.Next());
+      std::vector<int8_t> q8(l.dot_dims, 99);
+      ScanQuery sq;
+      BuildDotQuery(l, q.data(), q8.data(), &sq);
+      EXPECT_EQ(sq.q8, q8.data());
+      float m = 0;
+      double abs_sum = 0;
+      for (size_t j = 0; j < dim; ++j) {
+        m = std::max(m, std::fabs(q[j]));
+        abs_sum += std::fabs(q[j]);
+      }
+      bool saw_extreme = false;
+      for (size_t j = 0; j < l.dot_dims; ++j) {
+        if (j >= dim) EXPECT_EQ(q8[j], 0) << "padding " << j;
+        EXPECT_LE(std::abs(q8[j]), 127);
+        saw_extreme = saw_extreme || std::abs(q8[j]) == 127;
+      }
+      EXPECT_TRUE(saw_extreme);  // the largest |q| maps to 127
+      const double a = 127.0 / m;
+      SplitMix64 rng(dim);
+      for (int trial = 0; trial < 50; ++trial) {
+        int64_t acc = 0;
+        double direct = 0;
+        for (size_t j = 0; j < dim; ++j) {
+          const unsigned v = static_cast<unsigned>(rng.Next() & ((1u << bits) - 1));
+          acc += static_cast<int64_t>(q8[j]) * l.dot_cb[v];
+          direct += static_cast<double>(q[j]) * p.blocks[0].centroids[v];
+        }
+        const double est = static_cast<double>(acc) * sq.inv_a[0] + sq.bias[0];
+        const double bound = static_cast<double>(dim) * 127.5 * l.dot_step / a + 0.5 * l.dot_step * abs_sum;
+        EXPECT_NEAR(est, direct, bound * 1.001 + 1e-4) << "dim " << dim << " bits " << bits;
+      }
     }
   }
 }

@@ -80,6 +80,11 @@ struct SearchParams {
   // Fast-scan candidates re-scored with exact float tables before the final
   // top-k; 0 means max(2k, 16). Ignored without fast-scan.
   size_t rescore = 0;
+  // Fast-scan of 3- and 4-bit MSE codes of one rotation block (haar, mix)
+  // scores with int8 dot products where the CPU has AVX-512 VNNI (dot mode,
+  // docs/SEARCH.md), else with byte lookup tables; false forces the tables.
+  // Either way the candidates are re-scored with exact float tables.
+  bool dot_scan = true;
   // Candidates re-ranked with exact distances from the stored originals; 0 =
   // off. Needs IndexSpec::store_originals. Must be >= k when on.
   size_t rerank = 0;
@@ -112,6 +117,9 @@ class FlatIndex {
   const IndexSpec& spec() const;
   size_t size() const;  // live vectors (added minus removed)
   bool fast_scan() const;  // MSE codes at b <= 4 bits
+  // Fast-scan runs in dot mode here by default (SearchParams::dot_scan): 3-
+  // or 4-bit codes of one rotation block on a CPU with AVX-512 VNNI.
+  bool dot_scan() const;
   // Bytes one vector's code occupies in memory (indices and scales, the
   // bytes a scan reads), in files, and the bytes the index holds per live
   // vector, ids and originals included.
@@ -164,6 +172,7 @@ class IvfIndex {
   bool trained() const;
   size_t size() const;
   bool fast_scan() const;
+  bool dot_scan() const;  // as FlatIndex::dot_scan
   double code_bytes_per_vector() const;
   double file_code_bytes_per_vector() const;
   double memory_bytes_per_vector() const;

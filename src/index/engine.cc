@@ -81,6 +81,7 @@ Status InitEngine(const IndexSpec& spec, Engine* e) {
   const CodecPlan& p = e->codec->plan();
   e->fast = spec.kind == CodecKind::kMse && spec.bits <= 4;
   if (e->fast) e->layout = MakeScanLayout(p);
+  e->dot = e->fast && e->layout.dot_eligible && DotScanSupported();
   e->file_row_bytes = spec.scales == IndexScales::kNone ? p.index_bytes : p.row_bytes;
   return Status::Ok();
 }
@@ -377,7 +378,7 @@ void CompactStore(const Engine& e, Store* s) {
   *s = std::move(out);
 }
 
-void BuildQueryTables(const Engine& e, const float* q, QueryTables* t) {
+void BuildQueryTables(const Engine& e, const float* q, bool dot, QueryTables* t) {
   const size_t d = e.spec.dim;
   // The query was validated (finite, right size) by the caller.
   Status st = e.codec->PrepareQuery(std::span<const float>(q, d), &t->codec_query);
@@ -390,6 +391,11 @@ void BuildQueryTables(const Engine& e, const float* q, QueryTables* t) {
     t->lut8.assign(16 * e.layout.slots, 0);
     BuildTables(e.layout, e.codec->plan(), t->rotated.data(), t->lut_f.data(), t->lut8.data(),
                 &t->scan);
+    t->dot = dot && e.dot;
+    if (t->dot) {
+      t->q8.assign(e.layout.dot_dims, 0);
+      BuildDotQuery(e.layout, t->rotated.data(), t->q8.data(), &t->scan);
+    }
   }
 }
 
@@ -529,6 +535,7 @@ void ScanFast(const Engine& e, const std::vector<Probe>* probes, size_t p, size_
     a.scales = s.scales.empty() ? nullptr : s.scales.data() + g0 * l.num_rblocks * kGroup;
     a.norms2 = s.norms2.empty() ? nullptr : s.norms2.data() + g0 * kGroup;
     a.groups = ng;
+    a.dot = probes[0][p].tables->dot;  // every query of a pass: the same params
     a.thresholds = thr;
     a.masks = masks;
     a.group_bounds = true;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -89,6 +90,22 @@ struct UninitAlloc : std::allocator<T> {
 template <class T>
 using PodVector = std::vector<T, UninitAlloc<T>>;
 
+// Allocator of 64-byte aligned storage (fast-scan tables: full-vector loads
+// that do not straddle cache lines).
+template <class T>
+struct Align64Alloc {
+  using value_type = T;
+  Align64Alloc() = default;
+  template <class U>
+  Align64Alloc(const Align64Alloc<U>&) noexcept {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const Align64Alloc<U>&) const noexcept { return true; }
+};
+
 // The codes of one flat index or one IVF list. Positions are append-only
 // until Compact; removed positions stay as tombstones.
 struct Store {
@@ -113,6 +130,7 @@ struct Engine {
   IndexSpec spec;
   std::optional<Codec> codec;  // set by InitEngine
   bool fast = false;        // MSE at b <= 4: fast-scan layout
+  bool dot = false;         // fast and dot mode runs natively here (fastscan.h)
   ScanLayout layout;
   size_t file_row_bytes = 0;  // codec row bytes, without scales for kNone
   // FlatIndex state. pos_of (id -> position) is built on first use by
@@ -167,12 +185,15 @@ void CompactStore(const Engine& e, Store* s);
 struct QueryTables {
   std::vector<float> rotated;     // Π q · (2 for kL2)
   Codec::Query codec_query;       // rows mode
-  std::vector<float> lut_f;       // fast: [slots][16]
-  std::vector<uint8_t> lut8;      // fast: [slots][16]
+  std::vector<float> lut_f;       // fast: [table_slots][16]
+  std::vector<uint8_t, Align64Alloc<uint8_t>> lut8;  // fast: [slots][16]
+  std::vector<int8_t> q8;         // dot mode: [dot_dims]
+  bool dot = false;               // scan holds dot-mode constants
   ScanQuery scan;
 };
 // q: the prepared query (normalized for kCosine; a residual for IVF L2).
-void BuildQueryTables(const Engine& e, const float* q, QueryTables* t);
+// dot: dot mode where the engine supports it (SearchParams::dot_scan).
+void BuildQueryTables(const Engine& e, const float* q, bool dot, QueryTables* t);
 
 // One store to scan for one query: its tables and the constant added to
 // every score (see engine.cc).

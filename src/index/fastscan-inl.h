@@ -19,7 +19,10 @@
 #define TQ_SRC_INDEX_FASTSCAN_INL_H_
 #endif
 
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
+
+#include <cstring>
 
 #include "index/fastscan.h"
 
@@ -182,8 +185,160 @@ HWY_INLINE void SumSlotsN(const uint8_t* codes, const ScanQuery* qs, size_t n, s
   }
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// Dot mode (fastscan.h) with AVX-512 VNNI and VBMI. Highway's AVX3_DL
+// attributes name AVX-VNNI, not the AVX-512 form: these functions leave
+// Highway's attribute region (HWY_BEFORE_NAMESPACE) for one that adds it, and
+// re-enter it after (nested regions do not combine under clang).
+// DotScanSupported checks the CPU for it.
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512vnni")
+
+// Decode buffer of the calling thread: [2][quads][64] bytes.
+inline uint8_t* DotScratch(size_t bytes) {
+  thread_local hwy::AlignedFreeUniquePtr<uint8_t[]> buf;
+  thread_local size_t cap = 0;
+  if (cap < bytes) {
+    buf = hwy::AllocateAligned<uint8_t>(bytes);
+    cap = bytes;
+  }
+  return buf.get();
+}
+
+// One group's centroid bytes for every 4 coordinates 4k..4k+3: dec[h][k]
+// (64 bytes) holds, in 32-bit lane i, the 4 bytes dot_cb[idx] of vector
+// 16·h + i - the operand vpdpbusd multiplies with 4 query bytes. Slot rows
+// are 16 bytes (vector i: low nibble, vector 16 + i: high), so 4 rows load as
+// one vector, are looked up in the byte codebook and transposed (vpermb).
+// Rows past the last coordinate load as zero (their query bytes are zero).
+HWY_INLINE void DecodeGroupDot(const ScanLayout& l, const uint8_t* codes, __m512i tab,
+                               __m512i perm, size_t quads, uint8_t* dec) {
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (size_t k = 0; k < quads; ++k) {
+    __m512i v;
+    if (4 * k + 4 <= l.slots) {
+      v = _mm512_loadu_si512(codes + 64 * k);
+    } else {
+      v = _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, static_cast<unsigned>(16 * (l.slots - 4 * k))),
+                                  codes + 64 * k);
+    }
+    const __m512i lo = _mm512_and_si512(v, nib);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    _mm512_store_si512(dec + 64 * k, _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, lo)));
+    _mm512_store_si512(dec + 64 * (quads + k),
+                       _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, hi)));
+  }
+}
+
+HWY_INLINE __m512i Bcast4(const int8_t* q8) {
+  int32_t w;
+  std::memcpy(&w, q8, 4);
+  return _mm512_set1_epi32(w);
+}
+
+// Scores (or skips) one group for query q from its sums a0 (vectors 0..15)
+// and a1 (16..31), with the same bound as the table path.
+HWY_INLINE void FinishDot(const ScanArgs& a, const ScanQuery* qs, size_t grp, size_t q, bool skip,
+                          __m512i a0, __m512i a1, float* const* scores) {
+  if (skip) {
+    const int32_t mx = _mm512_reduce_max_epi32(_mm512_max_epi32(a0, a1));
+    float t = static_cast<float>(mx) * qs[q].inv_a[0];
+    t = t + qs[q].bias[0];
+    if (a.scale_bounds != nullptr) {
+      const float* sb = a.scale_bounds + grp * 2;  // min, max
+      t = t >= 0.0f ? t * sb[1] : t * sb[0];
+    }
+    float bound = 0.0f + t;
+    if (a.norm2_min != nullptr) bound = bound - a.norm2_min[grp];
+    if (!(bound > a.thresholds[q])) {
+      a.masks[q][grp] = 0;
+      return;
+    }
+  }
+  HWY_ALIGN int32_t acc[kGroup];
+  _mm512_store_si512(acc, a0);
+  _mm512_store_si512(acc + 16, a1);
+  FinishGroup(a, qs, grp, q, reinterpret_cast<const uint32_t*>(acc), scores);
+}
+
+HWY_NOINLINE void DotScan(const ScanArgs& a, const ScanQuery* qs, size_t nq, float* const* scores) {
+  const ScanLayout& l = *a.layout;
+  const size_t quads = l.dot_dims / 4;
+  uint8_t* dec = DotScratch(128 * quads);
+  HWY_ALIGN uint8_t perm_bytes[64];
+  for (size_t i = 0; i < 16; ++i) {
+    for (size_t b = 0; b < 4; ++b) perm_bytes[4 * i + b] = static_cast<uint8_t>(16 * b + i);
+  }
+  const __m512i perm = _mm512_load_si512(perm_bytes);
+  const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.dot_cb)));
+  const bool skip = a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
+  const uint8_t* hi_dec = dec + 64 * quads;
+  for (size_t grp = 0; grp < a.groups; ++grp) {
+    DecodeGroupDot(l, a.codes + grp * l.group_bytes, tab, perm, quads, dec);
+    size_t q = 0;
+    for (; q + 2 <= nq; q += 2) {  // two queries share each decoded vector
+      // Two sets of accumulators (even and odd k) hide vpdpbusd's latency.
+      __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
+      __m512i c0 = a0, c1 = a0, e0 = a0, e1 = a0;
+      const int8_t* qa = qs[q].q8;
+      const int8_t* qb = qs[q + 1].q8;
+      size_t k = 0;
+      for (; k + 2 <= quads; k += 2) {
+        const __m512i d0 = _mm512_load_si512(dec + 64 * k);
+        const __m512i d1 = _mm512_load_si512(hi_dec + 64 * k);
+        const __m512i f0 = _mm512_load_si512(dec + 64 * (k + 1));
+        const __m512i f1 = _mm512_load_si512(hi_dec + 64 * (k + 1));
+        const __m512i wa = Bcast4(qa + 4 * k), wb = Bcast4(qb + 4 * k);
+        const __m512i xa = Bcast4(qa + 4 * k + 4), xb = Bcast4(qb + 4 * k + 4);
+        a0 = _mm512_dpbusd_epi32(a0, d0, wa);
+        a1 = _mm512_dpbusd_epi32(a1, d1, wa);
+        b0 = _mm512_dpbusd_epi32(b0, d0, wb);
+        b1 = _mm512_dpbusd_epi32(b1, d1, wb);
+        c0 = _mm512_dpbusd_epi32(c0, f0, xa);
+        c1 = _mm512_dpbusd_epi32(c1, f1, xa);
+        e0 = _mm512_dpbusd_epi32(e0, f0, xb);
+        e1 = _mm512_dpbusd_epi32(e1, f1, xb);
+      }
+      if (k < quads) {
+        const __m512i d0 = _mm512_load_si512(dec + 64 * k);
+        const __m512i d1 = _mm512_load_si512(hi_dec + 64 * k);
+        const __m512i wa = Bcast4(qa + 4 * k), wb = Bcast4(qb + 4 * k);
+        a0 = _mm512_dpbusd_epi32(a0, d0, wa);
+        a1 = _mm512_dpbusd_epi32(a1, d1, wa);
+        b0 = _mm512_dpbusd_epi32(b0, d0, wb);
+        b1 = _mm512_dpbusd_epi32(b1, d1, wb);
+      }
+      FinishDot(a, qs, grp, q, skip, _mm512_add_epi32(a0, c0), _mm512_add_epi32(a1, c1), scores);
+      FinishDot(a, qs, grp, q + 1, skip, _mm512_add_epi32(b0, e0), _mm512_add_epi32(b1, e1), scores);
+    }
+    if (q < nq) {
+      __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+      for (size_t k = 0; k < quads; ++k) {
+        const __m512i w = Bcast4(qs[q].q8 + 4 * k);
+        a0 = _mm512_dpbusd_epi32(a0, _mm512_load_si512(dec + 64 * k), w);
+        a1 = _mm512_dpbusd_epi32(a1, _mm512_load_si512(hi_dec + 64 * k), w);
+      }
+      FinishDot(a, qs, grp, q, skip, a0, a1, scores);
+    }
+  }
+}
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
+#else
+// Dot mode needs AVX-512 VNNI; elsewhere (only when a target is forced, or
+// an engine made where it was the best target) the reference gives the same
+// scores.
+HWY_INLINE void DotScan(const ScanArgs& a, const ScanQuery* qs, size_t nq, float* const* scores) {
+  ref::ScanGroups(a, qs, nq, scores);
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
 HWY_NOINLINE void ScanGroupsImpl(const ScanArgs& a, const ScanQuery* qs, size_t nq,
                                  float* const* scores) {
+  if (a.dot) {
+    DotScan(a, qs, nq, scores);
+    return;
+  }
   const ScanLayout& l = *a.layout;
   const hn::ScalableTag<uint32_t> d32;
   const hn::Rebind<uint16_t, decltype(d32)> d16h;

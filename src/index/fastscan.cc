@@ -1,4 +1,9 @@
 // Dynamic dispatch of the fast-scan kernel (index/fastscan-inl.h).
+// AVX3_DL (AVX-512 with VNNI, VBMI, ...) is compiled here too: its dot mode
+// needs vpdpbusd (fastscan.h). Highway builds it only on request.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include "index/fastscan.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -29,6 +34,13 @@ uint64_t BuildGroup(const BuildArgs& args, const float* x, size_t lo, size_t hi,
 void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float* const* scores) {
   TQ_CHECK(nq >= 1 && nq <= kMaxScanQueries);
   HWY_DYNAMIC_DISPATCH(ScanGroupsImpl)(args, queries, nq, scores);
+}
+
+bool DotScanSupported() {
+  static const bool cpu = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  // The best target dispatched now (a test may force another).
+  const int64_t best = static_cast<int64_t>(hwy::SupportedTargets()) & -static_cast<int64_t>(hwy::SupportedTargets());
+  return cpu && best == HWY_AVX3_DL;
 }
 
 // Computed once, before any forcing: while a target is forced,

@@ -21,6 +21,18 @@
 // (kLutMax), so the kernel adds two looked-up bytes before widening; the
 // kernel requires that of every table.
 //
+// Dot mode (b = 3 or 4 - one coordinate a slot - and one rotation block, on
+// CPUs with AVX-512 VNNI): the block's centroids are bytes c ≈ dot_min +
+// dot_step · dot_cb[v] (dot_cb in 0..255), the rotated query is int8,
+// q8_j = round(q'_j · a), a = 127 / max|q'|, and acc = sum_j q8_j ·
+// dot_cb[idx_j] (exact int32); inv_a = dot_step / a and bias = dot_min ·
+// sum_j q'_j make acc · inv_a + bias the estimate of <q', c[idx]>. A group
+// is decoded once into centroid bytes (shared by every query of the pass)
+// and each query is then 4 multiply-adds of bytes per coordinate in int32
+// (vpdpbusd), where the tables' lookups need shuffles, widening and folds:
+// the scalar codebook shared by every coordinate makes the score an integer
+// dot product, which a per-subspace product quantizer's codebooks do not.
+//
 // Kernel contract (reference and every target give identical floats): per
 // vector, score = 0; for each rotation block r in order:
 //   t = float(acc_r) * inv_a[r]; t = t + bias[r]; t = t * scale[r] (if any);
@@ -55,6 +67,12 @@ struct ScanLayout {
   // b in {1, 2, 4} and every block a multiple of g coordinates: slot s is then
   // nibble s of the codec's packed index stream.
   bool nibble_aligned = false;
+  // Dot mode is possible (b = 3 or 4, one block; see above), with the byte
+  // codebook and int8 query length (dim rounded up to 4).
+  bool dot_eligible = false;
+  uint8_t dot_cb[16] = {};
+  float dot_min = 0.0f, dot_step = 0.0f;
+  size_t dot_dims = 0;
 };
 
 // For an MSE plan with 1 <= mse_bits <= 4.
@@ -62,6 +80,7 @@ ScanLayout MakeScanLayout(const CodecPlan& plan);
 
 struct ScanQuery {
   const uint8_t* lut = nullptr;   // [slots][16]
+  const int8_t* q8 = nullptr;     // dot mode: [dot_dims], entries >= dim zero
   float inv_a[kMaxBlocks] = {};   // 1 / a_r
   float bias[kMaxBlocks] = {};    // sum of the slot minima of block r
 };
@@ -72,6 +91,7 @@ struct ScanArgs {
   const float* scales = nullptr;   // [groups][num_rblocks][32], or null (scale 1)
   const float* norms2 = nullptr;   // [groups][32], or null
   size_t groups = 0;
+  bool dot = false;                // dot mode (queries carry q8; inv_a[0], bias[0] its constants)
   // Optional: per query a threshold; masks[q][g] gets bit i set when
   // score of vector i of group g > thresholds[q] (strict, IEEE compare).
   const float* thresholds = nullptr;
@@ -94,6 +114,14 @@ void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float
 // quantization (lut8 [slots][16], inv_a, bias). Entries v >= 2^(b·g) are 0.
 void BuildTables(const ScanLayout& layout, const CodecPlan& plan, const float* q_rot,
                  float* lut_f, uint8_t* lut8, ScanQuery* query);
+
+// Dot mode query (layout.dot_eligible): q8 [dot_dims] and the query's
+// inv_a[0], bias[0] (replacing the table constants; lut is left as is).
+void BuildDotQuery(const ScanLayout& layout, const float* q_rot, int8_t* q8, ScanQuery* query);
+
+// Whether dot mode runs natively here (the dispatched target has AVX-512
+// VNNI). Elsewhere dot mode still gives the same scores, by the reference.
+bool DotScanSupported();
 
 // Fills scale_bounds / norm2_min entries of groups [g0, g1) from scales and
 // norms2 (either may be null; then its bounds are not written).

@@ -31,6 +31,25 @@ ScanLayout MakeScanLayout(const CodecPlan& plan) {
   for (size_t r = 0; r < plan.num_blocks; ++r) {
     l.nibble_aligned = l.nibble_aligned && plan.blocks[r].size % g == 0;
   }
+  if (g == 1 && plan.num_blocks == 1) {
+    const float* c = plan.blocks[0].centroids;
+    const unsigned n = 1u << plan.mse_bits;
+    float lo = c[0], hi = c[0];
+    for (unsigned v = 1; v < n; ++v) {
+      lo = std::min(lo, c[v]);
+      hi = std::max(hi, c[v]);
+    }
+    if (std::isfinite(lo) && std::isfinite(hi) && hi > lo) {
+      l.dot_eligible = true;
+      l.dot_min = lo;
+      l.dot_step = (hi - lo) / 255.0f;
+      for (unsigned v = 0; v < n; ++v) {
+        const float x = std::floor((c[v] - lo) / l.dot_step + 0.5f);
+        l.dot_cb[v] = static_cast<uint8_t>(std::clamp(x, 0.0f, 255.0f));
+      }
+      l.dot_dims = (plan.dim + 3) / 4 * 4;
+    }
+  }
   return l;
 }
 
@@ -108,6 +127,23 @@ void BuildTables(const ScanLayout& l, const CodecPlan& plan, const float* q, flo
   query->lut = lut8;
 }
 
+void BuildDotQuery(const ScanLayout& l, const float* q, int8_t* q8, ScanQuery* query) {
+  TQ_CHECK(l.dot_eligible);
+  float m = 0.0f, sum = 0.0f;
+  for (size_t j = 0; j < l.dim; ++j) {
+    m = std::max(m, std::fabs(q[j]));
+    sum = sum + q[j];
+  }
+  const float a = m > 0.0f ? 127.0f / m : 1.0f;
+  for (size_t j = 0; j < l.dot_dims; ++j) {
+    const float x = j < l.dim ? std::floor(q[j] * a + 0.5f) : 0.0f;
+    q8[j] = static_cast<int8_t>(std::clamp(x, -127.0f, 127.0f));
+  }
+  query->q8 = q8;
+  query->inv_a[0] = l.dot_step / a;
+  query->bias[0] = l.dot_min * sum;
+}
+
 float ScoreOneFloat(const ScanLayout& l, const float* lut_f, const uint8_t* group, size_t i,
                     const float* group_scales) {
   float score = 0.0f;
@@ -155,11 +191,20 @@ void ScanGroups(const ScanArgs& a, const ScanQuery* queries, size_t nq, float* c
       for (size_t i = 0; i < kGroup; ++i) {
         float score = 0.0f;
         for (size_t r = 0; r < l.num_rblocks; ++r) {
-          uint32_t acc = 0;
-          for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
-            acc += sq.lut[16 * s + GroupNibble(codes, s, i)];
+          float t;
+          if (a.dot) {  // one block, one coordinate a slot
+            int32_t acc = 0;
+            for (size_t s = 0; s < l.slots; ++s) {
+              acc += static_cast<int32_t>(sq.q8[s]) * l.dot_cb[GroupNibble(codes, s, i)];
+            }
+            t = static_cast<float>(acc) * sq.inv_a[r];
+          } else {
+            uint32_t acc = 0;
+            for (size_t s = l.slot_begin[r]; s < l.slot_begin[r + 1]; ++s) {
+              acc += sq.lut[16 * s + GroupNibble(codes, s, i)];
+            }
+            t = static_cast<float>(acc) * sq.inv_a[r];
           }
-          float t = static_cast<float>(acc) * sq.inv_a[r];
           t = t + sq.bias[r];
           if (a.scales != nullptr) t = t * a.scales[(grp * l.num_rblocks + r) * kGroup + i];
           score = score + t;

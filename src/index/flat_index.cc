@@ -68,6 +68,7 @@ Result<FlatIndex> FlatIndex::Create(const IndexSpec& spec) {
 const IndexSpec& FlatIndex::spec() const { return engine_->spec; }
 size_t FlatIndex::size() const { return engine_->store.live; }
 bool FlatIndex::fast_scan() const { return engine_->fast; }
+bool FlatIndex::dot_scan() const { return engine_->dot; }
 int64_t FlatIndex::next_id() const { return engine_->next_id; }
 
 double FlatIndex::code_bytes_per_vector() const {
@@ -412,7 +413,7 @@ Result<SearchResult> FlatIndex::Search(std::span<const float> queries,
       const size_t m = std::min(per_pass, nq - q0);
       for (size_t i = 0; i < m; ++i) {
         const float* q = qp.data() + (q0 + i) * d;
-        index_internal::BuildQueryTables(e, q, &tables[i]);
+        index_internal::BuildQueryTables(e, q, params.dot_scan, &tables[i]);
         float offset = 0;
         if (e.spec.metric == Metric::kL2) {
           double ss = 0;

@@ -105,6 +105,7 @@ size_t IvfIndex::size() const {
   return n;
 }
 bool IvfIndex::fast_scan() const { return state_->e.fast; }
+bool IvfIndex::dot_scan() const { return state_->e.dot; }
 int64_t IvfIndex::next_id() const { return state_->e.next_id; }
 const std::vector<float>& IvfIndex::centroids() const { return state_->centroids; }
 std::vector<size_t> IvfIndex::list_sizes() const {
@@ -260,7 +261,7 @@ Result<SearchResult> IvfIndex::Search(std::span<const float> queries,
       const float* qv = qp.data() + q * d;
       double qn2 = 0;
       for (size_t j = 0; j < d; ++j) qn2 += static_cast<double>(qv[j]) * qv[j];
-      if (!per_list_tables) index_internal::BuildQueryTables(e, qv, &tables[0]);
+      if (!per_list_tables) index_internal::BuildQueryTables(e, qv, params.dot_scan, &tables[0]);
       for (size_t p = 0; p < nprobe; ++p) {
         const uint32_t l = top[q * nprobe + p];
         const float* c = s.centroids.data() + static_cast<size_t>(l) * d;
@@ -272,7 +273,7 @@ Result<SearchResult> IvfIndex::Search(std::span<const float> queries,
             r[j] = qv[j] - c[j];
             rn2 += static_cast<double>(r[j]) * r[j];
           }
-          index_internal::BuildQueryTables(e, r.data(), &tables[p]);
+          index_internal::BuildQueryTables(e, r.data(), params.dot_scan, &tables[p]);
           pr.tables = &tables[p];
           pr.offset = -static_cast<float>(rn2);
         } else {
