@@ -261,7 +261,13 @@ HWY_INLINE void FinishDot(const ScanArgs& a, const ScanQuery* qs, size_t grp, si
   FinishGroup(a, qs, grp, q, reinterpret_cast<const uint32_t*>(acc), scores);
 }
 
+HWY_INLINE void DotScanOne(const ScanArgs& a, const ScanQuery& sq, float* const* scores);
+
 HWY_NOINLINE void DotScan(const ScanArgs& a, const ScanQuery* qs, size_t nq, float* const* scores) {
+  if (nq == 1) {
+    DotScanOne(a, qs[0], scores);
+    return;
+  }
   const ScanLayout& l = *a.layout;
   const size_t quads = l.dot_dims / 4;
   uint8_t* dec = DotScratch(128 * quads);
@@ -320,6 +326,49 @@ HWY_NOINLINE void DotScan(const ScanArgs& a, const ScanQuery* qs, size_t nq, flo
       }
       FinishDot(a, qs, grp, q, skip, a0, a1, scores);
     }
+  }
+}
+
+// One query (an IVF list's probe, a single-query search): nothing to share a
+// decoded group with, so each group of 4 slot rows is decoded in registers
+// straight into the multiply-adds (two accumulator sets for the latency).
+HWY_INLINE void DotScanOne(const ScanArgs& a, const ScanQuery& sq, float* const* scores) {
+  const ScanLayout& l = *a.layout;
+  const size_t quads = l.dot_dims / 4;
+  const size_t full = l.slots / 4;  // quads with all 4 rows in the group
+  HWY_ALIGN uint8_t perm_bytes[64];
+  for (size_t i = 0; i < 16; ++i) {
+    for (size_t b = 0; b < 4; ++b) perm_bytes[4 * i + b] = static_cast<uint8_t>(16 * b + i);
+  }
+  const __m512i perm = _mm512_load_si512(perm_bytes);
+  const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.dot_cb)));
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const bool skip = a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
+  const auto step = [&](__m512i v, const int8_t* q4, __m512i& x0, __m512i& x1) {
+    const __m512i lo = _mm512_and_si512(v, nib);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    const __m512i w = Bcast4(q4);
+    x0 = _mm512_dpbusd_epi32(x0, _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, lo)), w);
+    x1 = _mm512_dpbusd_epi32(x1, _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, hi)), w);
+  };
+  for (size_t grp = 0; grp < a.groups; ++grp) {
+    const uint8_t* codes = a.codes + grp * l.group_bytes;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, c0 = a0, c1 = a0;
+    size_t k = 0;
+    for (; k + 2 <= full; k += 2) {
+      step(_mm512_loadu_si512(codes + 64 * k), sq.q8 + 4 * k, a0, a1);
+      step(_mm512_loadu_si512(codes + 64 * (k + 1)), sq.q8 + 4 * k + 4, c0, c1);
+    }
+    if (k < full) {
+      step(_mm512_loadu_si512(codes + 64 * k), sq.q8 + 4 * k, a0, a1);
+      ++k;
+    }
+    if (k < quads) {  // the last rows; past the group's end they load as zero
+      const __m512i v = _mm512_maskz_loadu_epi8(
+          _bzhi_u64(~0ull, static_cast<unsigned>(16 * (l.slots - 4 * k))), codes + 64 * k);
+      step(v, sq.q8 + 4 * k, c0, c1);
+    }
+    FinishDot(a, &sq, grp, 0, skip, _mm512_add_epi32(a0, c0), _mm512_add_epi32(a1, c1), scores);
   }
 }
 HWY_POP_ATTRIBUTES
