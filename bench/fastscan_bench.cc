@@ -1,10 +1,11 @@
 // Google Benchmark of the fast-scan kernel alone (src/index/fastscan.h): byte
 // lookup tables against dot mode (int8 dot products, AVX-512 VNNI) on the same
 // codes, queries and group bounds in the same run - compare the two, not
-// absolute times (these machines are noisy). 16 queries a pass over 10,359
+// absolute times (these machines are noisy). Up to 16 queries a pass over 10,359
 // groups of 32 random codes (GloVe-100's 331,479 vectors), every group
-// skipped on its bound (`skip`: the common case once a query's top-k has
-// filled) or every score finished (`all`). JSON: --benchmark_format=json.
+// skipped on its bound (skip:1, the common case once a query's top-k has
+// filled) or every score finished (skip:0); also 1 and 2 queries a pass (an
+// IVF probe, a single-query search). JSON: --benchmark_format=json.
 //   ./build/release/bench/fastscan_bench
 #include <benchmark/benchmark.h>
 
@@ -22,12 +23,13 @@ constexpr size_t kGroups = 10359;
 constexpr size_t kQueries = kMaxScanQueries;
 constexpr size_t kChunk = 64;  // groups a kernel call, as the index scans
 
-// Arguments: bits, dim, dot (0/1), skip (0/1).
+// Arguments: bits, dim, dot (0/1), skip (0/1), queries a pass (1..16).
 void BM_FastScan(benchmark::State& state) {
   const int bits = static_cast<int>(state.range(0));
   const size_t dim = static_cast<size_t>(state.range(1));
   const bool dot = state.range(2) != 0;
   const bool skip = state.range(3) != 0;
+  const size_t nq = static_cast<size_t>(state.range(4));
   auto codec = tq::Codec::Create({.dim = dim, .bits = bits, .rotation = tq::RotationKind::kMix});
   if (!codec.ok()) {
     state.SkipWithError(codec.status().ToString().c_str());
@@ -78,19 +80,20 @@ void BM_FastScan(benchmark::State& state) {
         a.group_bounds = true;
         a.scale_bounds = bounds.data() + g0 * 2;
       }
-      ScanGroups(a, qs.data(), kQueries, op.data());
+      ScanGroups(a, qs.data(), nq, op.data());
     }
     benchmark::DoNotOptimize(out[0].data());
     benchmark::DoNotOptimize(masks[0].data());
   }
   state.counters["s_per_vector_query"] = benchmark::Counter(
-      static_cast<double>(kGroups * kGroup * kQueries),
+      static_cast<double>(kGroups * kGroup * nq),
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 BENCHMARK(BM_FastScan)
-    ->ArgNames({"bits", "dim", "dot", "skip"})
-    ->ArgsProduct({{4, 3}, {100}, {0, 1}, {1, 0}})
+    ->ArgNames({"bits", "dim", "dot", "skip", "queries"})
+    ->ArgsProduct({{4, 3}, {100}, {0, 1}, {1, 0}, {16}})
+    ->ArgsProduct({{4}, {100}, {0, 1}, {1}, {1, 2}})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
