@@ -31,7 +31,40 @@ struct Geo {
 };
 
 __device__ __forceinline__ float FlipIf(float x, uint32_t mask, int e) {
-  return __uint_as_float(__float_as_uint(x) ^ (((mask >> e) & 1u) << 31));
+  // Bit e of mask to the sign bit (e is a constant after unrolling: a shift
+  // and one three-input logic op).
+  return __uint_as_float(__float_as_uint(x) ^ ((mask << (31 - e)) & 0x80000000u));
+}
+
+// Index of u among sorted boundaries b[0..2^B-2]: the number of boundaries
+// <= u, found as the binary search `if (u >= b[idx + step - 1]) idx += step`
+// does, with the boundaries in registers and the probes chosen by selects
+// (no dependent shared-memory loads).
+template <int B>
+__device__ __forceinline__ int Quantize(float u, const float (&b)[(1 << B) - 1]) {
+  if constexpr (B == 1) {
+    return u >= b[0] ? 1 : 0;
+  } else if constexpr (B == 2) {
+    const bool c1 = u >= b[1];
+    const bool c2 = u >= (c1 ? b[2] : b[0]);
+    return (c1 ? 2 : 0) + (c2 ? 1 : 0);
+  } else if constexpr (B == 3) {
+    const bool c1 = u >= b[3];
+    const bool c2 = u >= (c1 ? b[5] : b[1]);
+    const float t3 = c1 ? (c2 ? b[6] : b[4]) : (c2 ? b[2] : b[0]);
+    const bool c3 = u >= t3;
+    return (c1 ? 4 : 0) + (c2 ? 2 : 0) + (c3 ? 1 : 0);
+  } else {
+    static_assert(B == 4, "TurboQuant rows of 1..4 bits");
+    const bool c1 = u >= b[7];
+    const bool c2 = u >= (c1 ? b[11] : b[3]);
+    const float t3 = c1 ? (c2 ? b[13] : b[9]) : (c2 ? b[5] : b[1]);
+    const bool c3 = u >= t3;
+    const float t4 = c1 ? (c2 ? (c3 ? b[14] : b[12]) : (c3 ? b[10] : b[8]))
+                        : (c2 ? (c3 ? b[6] : b[4]) : (c3 ? b[2] : b[0]));
+    const bool c4 = u >= t4;
+    return (c1 ? 8 : 0) + (c2 ? 4 : 0) + (c3 ? 2 : 0) + (c4 ? 1 : 0);
+  }
 }
 
 template <int D>
@@ -49,11 +82,14 @@ __device__ __forceinline__ void Fwht(float (&y)[32], int sub) {
   }
 #pragma unroll
   for (int m = 1; m < Geo<D>::kLpr; m <<= 1) {
-    const bool upper = (sub & m) != 0;
+    // Lower lane: y + o; upper lane: o - y. Both are o + sgn·y with sgn = ±1,
+    // and sgn·y is exact, so one fused multiply-add rounds exactly as the
+    // contract's add or subtract does.
+    const float sgn = (sub & m) != 0 ? -1.0f : 1.0f;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const float o = __shfl_xor_sync(kFull, y[j], m);
-      y[j] = upper ? __fsub_rn(o, y[j]) : __fadd_rn(y[j], o);
+      y[j] = __fmaf_rn(sgn, y[j], o);
     }
   }
 }
@@ -127,6 +163,21 @@ __device__ __forceinline__ void PackAny(int bits, const uint8_t (&q)[32], Encode
   }
 }
 
+// u = y·inv quantized (q) and y replaced by the centroid c[q].
+template <int B>
+__device__ __forceinline__ void QuantizeRow(float (&y)[32], float inv, const float* s_cent,
+                                            const float* s_bnd, uint8_t (&q)[32]) {
+  float b[(1 << B) - 1];
+#pragma unroll
+  for (int k = 0; k < (1 << B) - 1; ++k) b[k] = s_bnd[k];
+#pragma unroll
+  for (int e = 0; e < 32; ++e) {
+    const int idx = Quantize<B>(__fmul_rn(y[e], inv), b);
+    q[e] = static_cast<uint8_t>(idx);
+    y[e] = s_cent[idx];  // y now holds c[idx]
+  }
+}
+
 // TurboQuant-MSE row (docs/FORMAT.md section 5; one block: D is a power of two).
 template <int D>
 __device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], int lane, int sub,
@@ -144,17 +195,12 @@ __device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], i
   for (int e = 0; e < 32; ++e) y[e] = __fmul_rn(y[e], inv_n);
   const float norm = __fsqrt_rn(SumSquares16<D>(y, lane, sub));
   const float inv = norm >= 0x1p-126f ? __fdiv_rn(1.0f, norm) : 0.0f;
-  const int top = 1 << (c.bits - 1);
   uint8_t q[32];
-#pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const float u = __fmul_rn(y[e], inv);
-    int idx = 0;
-    for (int step = top; step > 0; step >>= 1) {
-      if (u >= s_bnd[idx + step - 1]) idx += step;
-    }
-    q[e] = static_cast<uint8_t>(idx);
-    y[e] = s_cent[idx];  // y now holds c[idx]
+  switch (c.bits) {
+    case 1: QuantizeRow<1>(y, inv, s_cent, s_bnd, q); break;
+    case 2: QuantizeRow<2>(y, inv, s_cent, s_bnd, q); break;
+    case 3: QuantizeRow<3>(y, inv, s_cent, s_bnd, q); break;
+    default: QuantizeRow<4>(y, inv, s_cent, s_bnd, q); break;
   }
   const float scale = __fdiv_rn(norm, __fsqrt_rn(SumSquares16<D>(y, lane, sub)));
   const uint16_t hs = __half_as_ushort(__float2half_rn(scale));
@@ -357,8 +403,11 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
   }
 }
 
+// At most 102 registers a thread (5 blocks of 128 threads a SM): at the
+// compiler's 113-126 the kernel fit 4 blocks, and with 25% more warps to hide
+// latency it writes 6-19% faster (H200, same run; docs/BENCHMARKS.md).
 template <int D, typename T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 5)
     WriteKernel(Layer L, const T* __restrict__ k, const T* __restrict__ v,
                 const int64_t* __restrict__ slots, long long tokens, WriteCounters* counters) {
   __shared__ float s_tab[4][16];  // K centroids, K boundaries, V centroids, V boundaries
