@@ -22,6 +22,7 @@
 #include "common.h"
 #include "commands.h"
 #include "core/thread_pool.h"
+#include "index/fastscan.h"
 #include "tq/index.h"
 #include "tq/random.h"
 #include "tq/version.h"
@@ -323,6 +324,13 @@ struct BenchArgs {
   std::string save;
 };
 
+// The Highway target the fast-scan kernels dispatch to (fastscan.cc also
+// compiles AVX3_DL, which the codec's kernels do not).
+const char* ScanSimdTarget() {
+  const auto targets = index_internal::ScanTargets();
+  return targets.empty() ? "none" : index_internal::ScanTargetName(targets.front());
+}
+
 std::string DefaultPeersScript() {
   char buf[4096];
   const ssize_t len = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -424,8 +432,8 @@ void RunBench(const BenchArgs& a) {
   } else {
     Fail(InvalidArgumentError("--scales must be f16, f32 or none, got '" + a.scales + "'"));
   }
-  std::fprintf(stderr, "progress: %zu base vectors, %zu queries, dim %zu, %zu threads, SIMD %s\n",
-               nb, nq, d, threads, ActiveSimdTarget());
+  std::fprintf(stderr, "progress: %zu base vectors, %zu queries, dim %zu, %zu threads, SIMD %s, fast-scan %s\n",
+               nb, nq, d, threads, ActiveSimdTarget(), ScanSimdTarget());
   std::vector<MethodResult> results;
   for (int b : bits) {
     IndexSpec spec;
@@ -581,14 +589,15 @@ void RunBench(const BenchArgs& a) {
     j["threads"] = threads;
     j["qps_queries"] = std::min(a.qps_queries, nq);
     j["simd_target"] = ActiveSimdTarget();
+    j["scan_simd_target"] = ScanSimdTarget();
     j["results"] = json::array();
     for (const auto& m : results) j["results"].push_back(ToJson(m));
     if (!peers_json.is_null()) j["peers_env"] = peers_json.value("env", json::object());
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("search bench: %zu x %zu-d base, %zu queries, %zu threads, SIMD %s\n", nb, d, nq,
-              threads, ActiveSimdTarget());
+  std::printf("search bench: %zu x %zu-d base, %zu queries, %zu threads, SIMD %s, fast-scan %s\n", nb,
+              d, nq, threads, ActiveSimdTarget(), ScanSimdTarget());
   std::vector<std::string> header = {"method", "bits", "B/vec", "file B", "build s"};
   for (size_t k : kRecallKs) header.push_back("R@1@" + std::to_string(k));
   for (const char* h : {"R@10@10", "QPS 1t", "QPS all"}) header.push_back(h);
