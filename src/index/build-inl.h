@@ -384,6 +384,12 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
     const size_t r = i < lo ? 0 : i >= hi ? m - 1 : i - lo;
     s.off[i] = static_cast<int32_t>(r * dim);
   }
+  // The next group's rows are requested while this one is processed: for
+  // mix, one cache line per 4 x 4 block of the transposition below (spread,
+  // well ahead of their use); Haar spreads them over its rotation blocks.
+  const char* pf = reinterpret_cast<const char*>(next);
+  const char* pf_end = pf + next_floats * sizeof(float);
+  const bool pf_in_transpose = a.mix != nullptr;
   {
     // 4 x 4 blocks through 128-bit registers (every x86 target has them).
     const hn::Full128<float> d4;
@@ -396,6 +402,10 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
       const float* x3 = x + s.off[r4 + 3];
       float* out = xt + r4;
       for (size_t j = 0; j < j4; j += 4) {
+        if (pf_in_transpose && pf < pf_end) {
+          __builtin_prefetch(pf, 0, 2);
+          pf += 64;
+        }
         const auto a = hn::LoadU(d4, x0 + j), b = hn::LoadU(d4, x1 + j);
         const auto c = hn::LoadU(d4, x2 + j), e = hn::LoadU(d4, x3 + j);
         const auto ab0 = hn::BitCast(d2, hn::InterleaveLower(d4, a, b));  // a0 b0 a1 b1
@@ -454,10 +464,8 @@ HWY_NOINLINE uint64_t BuildGroupImpl(const BuildArgs& a, const float* x, size_t 
   // Meanwhile the next group's rows are requested (a slice per block), so
   // that its transposition does not wait for memory.
   std::memset(s.ssy, 0, sizeof(s.ssy));
-  const char* pf = reinterpret_cast<const char*>(next);
-  const char* pf_end = pf + next_floats * sizeof(float);
   if (a.mix != nullptr) {
-    for (; pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 2);
+    for (; pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 2);  // what the transposition left
     MixRotate(*a.mix, xt, yt, s.zt.get());
     for (size_t j = 0; j < dim; ++j) {
       float* acc = s.ssy + (j % 16) * kGroup;
