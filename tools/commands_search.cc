@@ -311,7 +311,7 @@ struct BenchArgs {
   bool norm_correction = true;
   size_t rescore = 0;
   bool dot_scan = true;
-  size_t reps = 3;
+  size_t reps = 5;
   uint64_t seed = 0;
   size_t qps_queries = 2000;
   size_t recall_queries = 0;

@@ -252,7 +252,7 @@ def main():
     ap.add_argument("--recall-queries", type=int, default=0, help="use the first N queries (0 = all)")
     ap.add_argument("--budget-s", type=float, default=20.0,
                     help="seconds of search a slow peer may spend on recall")
-    ap.add_argument("--reps", type=int, default=3,
+    ap.add_argument("--reps", type=int, default=5,
                     help="builds and QPS timings per peer; the best is kept")
     args = ap.parse_args()
     bits = [int(b) for b in args.bits.split(",")]
