@@ -347,6 +347,35 @@ std::string DefaultPeersScript() {
   return "bench/peers/tq_peers.py";
 }
 
+// Builds a new index `reps` times (create(), then build(index)) and returns
+// the last; the shortest time goes to *best and every time to *times (the
+// peers' harness keeps the best of its reps too: the cores are shared).
+template <typename Index, typename Create, typename Build>
+Index TimeBuilds(size_t reps, Create create, Build build, double* best, json* times) {
+  std::optional<Index> index;
+  *best = INFINITY;
+  for (size_t rep = 0; rep < reps; ++rep) {
+    index.reset();  // the previous build is freed first
+    auto created = create();
+    if (!created.ok()) Fail(created.status());
+    index.emplace(std::move(created).value());
+    const auto t0 = Clock::now();
+    const Status st = build(*index);
+    const double s = Seconds(t0);
+    if (!st.ok()) Fail(st);
+    times->push_back(s);
+    *best = std::min(*best, s);
+  }
+  return std::move(*index);
+}
+
+// The scan a bench row ran, for its JSON and the table's footer.
+template <typename Index>
+const char* ScanKind(const SearchParams& params, const Index& index) {
+  if (!params.fast_scan) return "exact tables";
+  return index.dot_scan() && params.dot_scan ? "int8 dot (VNNI)" : "byte tables";
+}
+
 template <typename Index>
 MethodResult MeasureIndex(const std::string& name, int bits, Index& index, double build_s,
                           const std::vector<float>& queries, size_t d,
@@ -454,59 +483,37 @@ void RunBench(const BenchArgs& a) {
     json extra = {{"index", a.index}, {"spec", ToString(spec)}, {"fast_scan", params.fast_scan},
                   {"rescore", a.rescore}};
     const std::string name = "tq-" + a.index + (params.fast_scan ? "-fs" : "");
-    // Builds are timed `reps` times from a new index, the shortest kept (the
-    // peers' harness does the same); the last one is searched.
     json build_reps = json::array();
-    double build = INFINITY;
+    double build = 0;
     if (a.index == "flat") {
-      std::optional<FlatIndex> index;
-      for (size_t rep = 0; rep < a.reps; ++rep) {
-        index.reset();
-        auto created = FlatIndex::Create(spec);
-        if (!created.ok()) Fail(created.status());
-        index.emplace(std::move(created).value());
-        const auto t0 = Clock::now();
-        Status st = index->Add(*base, {}, {.threads = threads});
-        const double s = Seconds(t0);
-        if (!st.ok()) Fail(st);
-        build_reps.push_back(s);
-        build = std::min(build, s);
-      }
-      Status st;
+      FlatIndex index = TimeBuilds<FlatIndex>(
+          a.reps, [&] { return FlatIndex::Create(spec); },
+          [&](FlatIndex& x) { return x.Add(*base, {}, {.threads = threads}); }, &build, &build_reps);
       extra["build_s_reps"] = build_reps;
       if (!a.save.empty()) {
-        st = index->Save(a.save + ".b" + std::to_string(b) + ".tqi");
+        const Status st = index.Save(a.save + ".b" + std::to_string(b) + ".tqi");
         if (!st.ok()) Fail(st);
       }
-      extra["scan"] = !params.fast_scan ? "exact tables"
-                      : index->dot_scan() && a.dot_scan ? "int8 dot (VNNI)" : "byte tables";
-      auto m = MeasureIndex(name, b, *index, build, *queries, d, *gt, gt_dim, params, threads,
+      extra["scan"] = ScanKind(params, index);
+      auto m = MeasureIndex(name, b, index, build, *queries, d, *gt, gt_dim, params, threads,
                             a.qps_queries, a.reps);
       m.extra.update(extra);
       results.push_back(m);
     } else {
       IvfSpec ivf{.index = spec, .nlist = a.nlist, .by_residual = a.by_residual};
-      std::optional<IvfIndex> index;
-      for (size_t rep = 0; rep < a.reps; ++rep) {
-        index.reset();
-        auto created = IvfIndex::Create(ivf);
-        if (!created.ok()) Fail(created.status());
-        index.emplace(std::move(created).value());
-        const auto t0 = Clock::now();
-        Status st = index->Train(*base, {.threads = threads});
-        if (st.ok()) st = index->Add(*base, {}, {.threads = threads});
-        const double s = Seconds(t0);
-        if (!st.ok()) Fail(st);
-        build_reps.push_back(s);
-        build = std::min(build, s);
-      }
+      IvfIndex index = TimeBuilds<IvfIndex>(
+          a.reps, [&] { return IvfIndex::Create(ivf); },
+          [&](IvfIndex& x) {
+            Status st = x.Train(*base, {.threads = threads});
+            return st.ok() ? x.Add(*base, {}, {.threads = threads}) : st;
+          },
+          &build, &build_reps);
       extra["build_s_reps"] = build_reps;
       extra["nlist"] = a.nlist;
       extra["nprobe"] = a.nprobe;
       extra["by_residual"] = a.by_residual;
-      extra["scan"] = !params.fast_scan ? "exact tables"
-                      : index->dot_scan() && a.dot_scan ? "int8 dot (VNNI)" : "byte tables";
-      auto m = MeasureIndex(name, b, *index, build, *queries, d, *gt, gt_dim, params, threads,
+      extra["scan"] = ScanKind(params, index);
+      auto m = MeasureIndex(name, b, index, build, *queries, d, *gt, gt_dim, params, threads,
                             a.qps_queries, a.reps);
       m.extra.update(extra);
       results.push_back(m);

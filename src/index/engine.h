@@ -185,7 +185,7 @@ void CompactStore(const Engine& e, Store* s);
 struct QueryTables {
   std::vector<float> rotated;     // Π q · (2 for kL2)
   Codec::Query codec_query;       // rows mode
-  std::vector<float> lut_f;       // fast: [table_slots][16]
+  std::vector<float> lut_f;       // fast: [slots][16]
   std::vector<uint8_t, Align64Alloc<uint8_t>> lut8;  // fast: [slots][16]
   std::vector<int8_t> q8;         // dot mode: [dot_dims]
   bool dot = false;               // scan holds dot-mode constants

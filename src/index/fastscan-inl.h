@@ -173,6 +173,35 @@ HWY_INLINE void FinishGroup(const ScanArgs& a, const ScanQuery* qs, size_t grp, 
   if (a.masks != nullptr) a.masks[q][grp] = mask;
 }
 
+// Whether a pass may skip groups on their score bound (thresholds, masks and
+// the per-group bounds given).
+HWY_INLINE bool SkipsGroups(const ScanArgs& a) {
+  return a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
+}
+
+// Group skipping: whether group grp may hold a score of query q above its
+// threshold, from each rotation block's largest sum (block_max[blocks], as
+// floats; blocks = the layout's rotation blocks):
+// the sum over blocks of (max · inv_a + bias) times the block's scale range,
+// minus the smallest norm, is an upper bound on every score of the group.
+// IEEE rounding is monotonic, so the bound, computed with the kernel's
+// operations in its order, is never below a computed score.
+HWY_INLINE bool GroupMayPass(const ScanArgs& a, const ScanQuery& sq, size_t q, size_t grp,
+                             const float* block_max, size_t blocks) {
+  float bound = 0.0f;
+  for (size_t r = 0; r < blocks; ++r) {
+    float t = block_max[r] * sq.inv_a[r];
+    t = t + sq.bias[r];
+    if (a.scale_bounds != nullptr) {
+      const float* sb = a.scale_bounds + (grp * blocks + r) * 2;  // min, max
+      t = t >= 0.0f ? t * sb[1] : t * sb[0];
+    }
+    bound = bound + t;
+  }
+  if (a.norm2_min != nullptr) bound = bound - a.norm2_min[grp];
+  return bound > a.thresholds[q];
+}
+
 // SumSlots for queries [q0, q0 + n), n <= 4: one pass over the group's codes
 // per 4 queries (the codes of a group stay in L1 between passes).
 HWY_INLINE void SumSlotsN(const uint8_t* codes, const ScanQuery* qs, size_t n, size_t s0, size_t s1,
@@ -205,28 +234,50 @@ inline uint8_t* DotScratch(size_t bytes) {
   return buf.get();
 }
 
-// One group's centroid bytes for every 4 coordinates 4k..4k+3: dec[h][k]
-// (64 bytes) holds, in 32-bit lane i, the 4 bytes dot_cb[idx] of vector
-// 16·h + i - the operand vpdpbusd multiplies with 4 query bytes. Slot rows
-// are 16 bytes (vector i: low nibble, vector 16 + i: high), so 4 rows load as
-// one vector, are looked up in the byte codebook and transposed (vpermb).
-// Rows past the last coordinate load as zero (their query bytes are zero).
-HWY_INLINE void DecodeGroupDot(const ScanLayout& l, const uint8_t* codes, __m512i tab,
-                               __m512i perm, size_t quads, uint8_t* dec) {
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  for (size_t k = 0; k < quads; ++k) {
-    __m512i v;
-    if (4 * k + 4 <= l.slots) {
-      v = _mm512_loadu_si512(codes + 64 * k);
-    } else {
-      v = _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, static_cast<unsigned>(16 * (l.slots - 4 * k))),
-                                  codes + 64 * k);
+// The byte codebook in every 128-bit block, and the vpermb index that turns
+// 4 slot rows (row b: bytes [16b, 16b + 16), byte i of vector i) into 16
+// 32-bit lanes of 4 rows each (lane i: the 4 bytes of vector i).
+struct DotConsts {
+  __m512i tab, perm;
+  explicit DotConsts(const ScanLayout& l) {
+    HWY_ALIGN uint8_t perm_bytes[64];
+    for (size_t i = 0; i < 16; ++i) {
+      for (size_t b = 0; b < 4; ++b) perm_bytes[4 * i + b] = static_cast<uint8_t>(16 * b + i);
     }
-    const __m512i lo = _mm512_and_si512(v, nib);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-    _mm512_store_si512(dec + 64 * k, _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, lo)));
-    _mm512_store_si512(dec + 64 * (quads + k),
-                       _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, hi)));
+    perm = _mm512_load_si512(perm_bytes);
+    tab = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.dot_cb)));
+  }
+};
+
+// Slot rows 4k..4k+3 of a group (16 bytes each: vector i in the low nibble
+// of byte i, vector 16 + i in the high), decoded to the vpdpbusd operands:
+// lo (vectors 0..15) and hi (16..31) hold in 32-bit lane i the 4 bytes
+// dot_cb[idx] of that vector. Rows past the group's last slot load as zero
+// (the query bytes of those coordinates are zero).
+HWY_INLINE void DecodeQuad(const ScanLayout& l, const DotConsts& c, const uint8_t* codes, size_t k,
+                           __m512i& lo, __m512i& hi) {
+  __m512i v;
+  if (4 * k + 4 <= l.slots) {
+    v = _mm512_loadu_si512(codes + 64 * k);
+  } else {
+    v = _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, static_cast<unsigned>(16 * (l.slots - 4 * k))),
+                                codes + 64 * k);
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  lo = _mm512_permutexvar_epi8(c.perm, _mm512_shuffle_epi8(c.tab, _mm512_and_si512(v, nib)));
+  hi = _mm512_permutexvar_epi8(
+      c.perm, _mm512_shuffle_epi8(c.tab, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)));
+}
+
+// One group decoded for a pass of several queries: dec[h][k] (64 bytes) is
+// DecodeQuad's lo (h = 0) or hi (h = 1) of rows 4k..4k+3.
+HWY_INLINE void DecodeGroupDot(const ScanLayout& l, const DotConsts& c, const uint8_t* codes,
+                               size_t quads, uint8_t* dec) {
+  for (size_t k = 0; k < quads; ++k) {
+    __m512i lo, hi;
+    DecodeQuad(l, c, codes, k, lo, hi);
+    _mm512_store_si512(dec + 64 * k, lo);
+    _mm512_store_si512(dec + 64 * (quads + k), hi);
   }
 }
 
@@ -241,16 +292,8 @@ HWY_INLINE __m512i Bcast4(const int8_t* q8) {
 HWY_INLINE void FinishDot(const ScanArgs& a, const ScanQuery* qs, size_t grp, size_t q, bool skip,
                           __m512i a0, __m512i a1, float* const* scores) {
   if (skip) {
-    const int32_t mx = _mm512_reduce_max_epi32(_mm512_max_epi32(a0, a1));
-    float t = static_cast<float>(mx) * qs[q].inv_a[0];
-    t = t + qs[q].bias[0];
-    if (a.scale_bounds != nullptr) {
-      const float* sb = a.scale_bounds + grp * 2;  // min, max
-      t = t >= 0.0f ? t * sb[1] : t * sb[0];
-    }
-    float bound = 0.0f + t;
-    if (a.norm2_min != nullptr) bound = bound - a.norm2_min[grp];
-    if (!(bound > a.thresholds[q])) {
+    const float mx = static_cast<float>(_mm512_reduce_max_epi32(_mm512_max_epi32(a0, a1)));
+    if (!GroupMayPass(a, qs[q], q, grp, &mx, 1)) {  // dot mode: one block
       a.masks[q][grp] = 0;
       return;
     }
@@ -271,16 +314,11 @@ HWY_NOINLINE void DotScan(const ScanArgs& a, const ScanQuery* qs, size_t nq, flo
   const ScanLayout& l = *a.layout;
   const size_t quads = l.dot_dims / 4;
   uint8_t* dec = DotScratch(128 * quads);
-  HWY_ALIGN uint8_t perm_bytes[64];
-  for (size_t i = 0; i < 16; ++i) {
-    for (size_t b = 0; b < 4; ++b) perm_bytes[4 * i + b] = static_cast<uint8_t>(16 * b + i);
-  }
-  const __m512i perm = _mm512_load_si512(perm_bytes);
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.dot_cb)));
-  const bool skip = a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
+  const DotConsts c(l);
+  const bool skip = SkipsGroups(a);
   const uint8_t* hi_dec = dec + 64 * quads;
   for (size_t grp = 0; grp < a.groups; ++grp) {
-    DecodeGroupDot(l, a.codes + grp * l.group_bytes, tab, perm, quads, dec);
+    DecodeGroupDot(l, c, a.codes + grp * l.group_bytes, quads, dec);
     size_t q = 0;
     for (; q + 2 <= nq; q += 2) {  // two queries share each decoded vector
       // Two sets of accumulators (even and odd k) hide vpdpbusd's latency.
@@ -335,42 +373,28 @@ HWY_NOINLINE void DotScan(const ScanArgs& a, const ScanQuery* qs, size_t nq, flo
 HWY_INLINE void DotScanOne(const ScanArgs& a, const ScanQuery& sq, float* const* scores) {
   const ScanLayout& l = *a.layout;
   const size_t quads = l.dot_dims / 4;
-  const size_t full = l.slots / 4;  // quads with all 4 rows in the group
-  HWY_ALIGN uint8_t perm_bytes[64];
-  for (size_t i = 0; i < 16; ++i) {
-    for (size_t b = 0; b < 4; ++b) perm_bytes[4 * i + b] = static_cast<uint8_t>(16 * b + i);
-  }
-  const __m512i perm = _mm512_load_si512(perm_bytes);
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(l.dot_cb)));
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  const bool skip = a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
-  const auto step = [&](__m512i v, const int8_t* q4, __m512i& x0, __m512i& x1) {
-    const __m512i lo = _mm512_and_si512(v, nib);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-    const __m512i w = Bcast4(q4);
-    x0 = _mm512_dpbusd_epi32(x0, _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, lo)), w);
-    x1 = _mm512_dpbusd_epi32(x1, _mm512_permutexvar_epi8(perm, _mm512_shuffle_epi8(tab, hi)), w);
+  const DotConsts c(l);
+  const bool skip = SkipsGroups(a);
+  const auto step = [&](const uint8_t* codes, size_t k, __m512i& x0, __m512i& x1) {
+    __m512i lo, hi;
+    DecodeQuad(l, c, codes, k, lo, hi);
+    const __m512i w = Bcast4(sq.q8 + 4 * k);
+    x0 = _mm512_dpbusd_epi32(x0, lo, w);
+    x1 = _mm512_dpbusd_epi32(x1, hi, w);
   };
   for (size_t grp = 0; grp < a.groups; ++grp) {
     const uint8_t* codes = a.codes + grp * l.group_bytes;
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, c0 = a0, c1 = a0;
     size_t k = 0;
-    for (; k + 2 <= full; k += 2) {
-      step(_mm512_loadu_si512(codes + 64 * k), sq.q8 + 4 * k, a0, a1);
-      step(_mm512_loadu_si512(codes + 64 * (k + 1)), sq.q8 + 4 * k + 4, c0, c1);
+    for (; k + 2 <= quads; k += 2) {
+      step(codes, k, a0, a1);
+      step(codes, k + 1, c0, c1);
     }
-    if (k < full) {
-      step(_mm512_loadu_si512(codes + 64 * k), sq.q8 + 4 * k, a0, a1);
-      ++k;
-    }
-    if (k < quads) {  // the last rows; past the group's end they load as zero
-      const __m512i v = _mm512_maskz_loadu_epi8(
-          _bzhi_u64(~0ull, static_cast<unsigned>(16 * (l.slots - 4 * k))), codes + 64 * k);
-      step(v, sq.q8 + 4 * k, c0, c1);
-    }
+    if (k < quads) step(codes, k, a0, a1);
     FinishDot(a, &sq, grp, 0, skip, _mm512_add_epi32(a0, c0), _mm512_add_epi32(a1, c1), scores);
   }
 }
+
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 #else
@@ -392,12 +416,9 @@ HWY_NOINLINE void ScanGroupsImpl(const ScanArgs& a, const ScanQuery* qs, size_t 
   const hn::ScalableTag<uint32_t> d32;
   const hn::Rebind<uint16_t, decltype(d32)> d16h;
   const size_t nl = hn::Lanes(d32);
-  // Group skipping: with thresholds and per-group bounds, a group whose
-  // upper bound on every score (largest sum per block, the block's scale
-  // range, the smallest norm) is not above the threshold gets mask 0 and no
-  // scores. IEEE rounding is monotonic, so the bound, computed with the same
-  // operations in the same order, is never below a computed score.
-  bool skip = a.thresholds != nullptr && a.masks != nullptr && a.group_bounds;
+  // Group skipping (GroupMayPass): a group whose bound is not above the
+  // threshold gets mask 0 and no scores.
+  bool skip = SkipsGroups(a);
   for (size_t r = 0; r < l.num_rblocks; ++r) {
     skip = skip && l.slot_begin[r + 1] - l.slot_begin[r] <= kSlotsPerChunk;
   }
@@ -415,18 +436,9 @@ HWY_NOINLINE void ScanGroupsImpl(const ScanArgs& a, const ScanQuery* qs, size_t 
         }
       }
       for (size_t q = 0; q < nq; ++q) {
-        float bound = 0.0f;
-        for (size_t r = 0; r < l.num_rblocks; ++r) {
-          float t = static_cast<float>(maxes[r][q]) * qs[q].inv_a[r];
-          t = t + qs[q].bias[r];
-          if (a.scale_bounds != nullptr) {
-            const float* sb = a.scale_bounds + (grp * l.num_rblocks + r) * 2;  // min, max
-            t = t >= 0.0f ? t * sb[1] : t * sb[0];
-          }
-          bound = bound + t;
-        }
-        if (a.norm2_min != nullptr) bound = bound - a.norm2_min[grp];
-        if (!(bound > a.thresholds[q])) {
+        float block_max[kMaxBlocks];
+        for (size_t r = 0; r < l.num_rblocks; ++r) block_max[r] = static_cast<float>(maxes[r][q]);
+        if (!GroupMayPass(a, qs[q], q, grp, block_max, l.num_rblocks)) {
           a.masks[q][grp] = 0;
           continue;
         }
