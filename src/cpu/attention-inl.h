@@ -188,11 +188,26 @@ HWY_INLINE AV ReduceVectors(AV* v) {
 #endif
 }
 
+// Integer form of a one-block TurboQuant codebook (see ScoreMse16).
+struct I16Book {
+  bool on = false;
+  HWY_ALIGN uint8_t lo[16];  // low and high bytes of the int16 centroids
+  HWY_ALIGN uint8_t hi[16];
+  float cscale = 0.0f;       // int16 units per centroid unit
+  bool nib = false;          // 4-bit codes read in registers (else unpacked bytes)
+  size_t nch = 0;            // nib: loads of kN8 code bytes a row; else chunks of kN8 coordinates
+  size_t nvec_k = 0;         // int16 key vectors a row
+  size_t nvec_v = 0;         // int32 value accumulators a row
+  size_t extent = 0;         // nib: code bytes read from a row's start
+  bool vnni = false;         // AVX-512 VNNI present (AVX3_DL)
+};
+
 struct KeyCtx {
   const attn::Task* task;
   const attn::Comp* kc;
   Lut luts[2][kMaxBlocks];
   bool fast_mse = false;  // MSE rows take the gather kernels (see attn::Comp::fast)
+  I16Book i16;            // the integer kernels apply (keys: ScoreMse16, values: AccumMse16)
 };
 
 // One key row's chunk j..j+kL as floats (formats that decode per element).
@@ -266,6 +281,9 @@ struct AScratch {
   std::vector<uint8_t> idx;   // unpacked indices of one row (padded)
   std::vector<uint8_t> row;   // one assembled codec row (prod keys in split planes)
   std::vector<float> tmp;
+  std::vector<int16_t> q16;   // integer kernels: per task row, the int16 query (ScoreMse16 order)
+  std::vector<float> qinv;    // per task row: 1 / (query scale * centroid scale)
+  std::vector<float> priv;    // per task row: value sums in AccumMse16 order
 };
 inline AScratch& AttnScratch() {
   static thread_local AScratch s;
@@ -548,6 +566,405 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   }
 }
 
+// ---------------------------------------------------------------------------
+// Integer TurboQuant kernels: MSE keys and values of 2..4 bits with one
+// rotation block. A score is sum_j q_j c[idx_j] and a value sum is
+// sum_t w_t c[idx_tj]: both are integer dot products once the block's
+// centroids are int16 (c * cscale, rounded) and the query or the tile's
+// weights are int16 too. Index bytes go through two byte-table lookups (low
+// and high byte of the int16 centroid, one 16-entry table per 128-bit block)
+// and one byte interleave per vector; pairs of int16 products are summed into
+// int32 lanes (vpmaddwd). This is twice the multiply-adds per instruction of
+// fp32 FMA, and the decode is four shuffles per 64 coordinates.
+//
+// Rounding (bounds below keep every int32 sum exact, no overflow):
+//  - keys: centroids to 13 bits (|c| <= 8191), the query to <= 15 bits, so a
+//    score's relative error is about 2^-14: far below the NMSE 1e-6 contract;
+//  - values: centroids to 12 bits (<= 4095), each tile's weights (softmax
+//    weight x row scale) to 13 bits of the tile's largest (<= 8191); 64
+//    tokens' products then fit an int32 lane (64 * 8191 * 4095 < 2^31).
+// The accumulation order is fixed by the shuffles (I16KeyCoord /
+// I16ValCoord give the coordinate of each lane), so queries are permuted on
+// entry and value sums leave through a permutation at the end of a task.
+#undef TQ_ATTN_I16  // per target: this file is compiled once per SIMD target
+#if HWY_TARGET != HWY_SCALAR
+#define TQ_ATTN_I16 1
+using B8 = hn::Repartition<uint8_t, AF>;
+using B16 = hn::Repartition<int16_t, AF>;
+using B32 = hn::Repartition<int32_t, AF>;
+constexpr size_t kN8 = hn::MaxLanes(B8());
+constexpr size_t kN16 = kN8 / 2;
+constexpr size_t kN32 = kN8 / 4;
+constexpr int kKeyCmax = 8191;
+constexpr int kValCmax = 4095;
+constexpr int kWmax = 8191;
+static_assert(kTile <= 64, "AccumMse16's int32 bound assumes <= 64 tokens a tile");
+
+// Two ways to get index bytes: 4-bit rows in registers (one load of kN8 code
+// bytes gives the even and the odd coordinates of 2 kN8 as two nibble
+// planes), other widths from rows unpacked to bytes first (chunks of kN8
+// coordinates). The vectors a kernel produces are numbered v = 0, 1, ...;
+// these give the coordinate of lane w (int16, keys) or j (int32, values).
+HWY_INLINE size_t I16KeyCoord(bool nib, size_t v, size_t w) {
+  const size_t blk = 16 * (w / 8), m = w % 8;
+  if (nib) {  // v = 4 c + 2 e + s: load c, parity e, interleave half s
+    const size_t c = v / 4, e = (v / 2) % 2, sh = v % 2;
+    return 2 * (kN8 * c + blk + 8 * sh + m) + e;
+  }
+  return kN8 * (v / 2) + blk + 8 * (v % 2) + m;  // v = 2 c + h
+}
+HWY_INLINE size_t I16ValCoord(bool nib, size_t v, size_t j) {
+  const size_t blk = 16 * (j / 4), m = j % 4;
+  if (nib) {  // v = 8 c + 4 g + 2 e + s: load c, byte half g, parity e, half s
+    const size_t c = v / 8, g = (v / 4) % 2, e = (v / 2) % 2, sh = v % 2;
+    return 2 * (kN8 * c + blk + 8 * g + 4 * sh + m) + e;
+  }
+  const size_t c = v / 4, u = v % 4;  // v = 4 c + 2 h + s
+  return kN8 * c + blk + 8 * (u / 2) + 4 * (u % 2) + m;
+}
+// Position of coordinate x in the driver's fast-MSE order (one block):
+// position k * (d / 8) + i holds coordinate 8 i + k.
+HWY_INLINE size_t FastPos(size_t x, size_t d) { return (x % 8) * (d / 8) + x / 8; }
+
+HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
+  z->on = false;
+  if (c == nullptr || c->fmt != Fmt::kMse || !c->fast_mse || c->num_groups != 1) return;
+  const CodecPlan& plan = *c->groups[0].plan;
+  if (plan.num_blocks != 1 || plan.mse_bits < 2 || plan.mse_bits > 4 || plan.dim != d) return;
+  z->nib = plan.mse_bits == 4;
+  // nib: loads of kN8 code bytes; else chunks of kN8 coordinates.
+  const size_t nch = z->nib ? (d + 2 * kN8 - 1) / (2 * kN8) : (d + kN8 - 1) / kN8;
+  z->nvec_k = z->nib ? 4 * nch : 2 * nch;
+  z->nvec_v = z->nib ? 8 * nch : 4 * nch;
+  // int32 bound of the keys below: 2 * nvec_k products a lane.
+  if (kN8 < 16 || 2 * z->nvec_k > 32) return;
+  const size_t n = size_t{1} << plan.mse_bits;
+  const float* cent = plan.blocks[0].centroids;
+  float mx = 0.0f;
+  for (size_t k = 0; k < n; ++k) mx = std::max(mx, std::fabs(cent[k]));
+  if (!(mx > 0.0f) || !std::isfinite(mx)) return;
+  z->cscale = static_cast<float>(keys ? kKeyCmax : kValCmax) / mx;
+  for (size_t k = 0; k < 16; ++k) {
+    const long v = k < n ? std::lrint(cent[k] * z->cscale) : 0;
+    const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(v));
+    z->lo[k] = static_cast<uint8_t>(u & 0xFF);
+    z->hi[k] = static_cast<uint8_t>(u >> 8);
+  }
+  z->nch = nch;
+  z->extent = z->nib ? nch * kN8 : 0;
+#if HWY_TARGET == HWY_AVX3_DL
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  z->vnni = vnni;
+#endif
+  z->on = true;
+}
+
+// Int16 queries of every task row (from the driver's permuted rotated query).
+// A score lane sums 2 * nvec_k products, so |q| <= 2^31 / (2 nvec_k 8191).
+HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& scr) {
+  const size_t d = task.d, len = z.nvec_k * kN16;
+  const long qmax =
+      std::min<long>(16383, 2147483647L / (2L * static_cast<long>(z.nvec_k) * kKeyCmax));
+  scr.q16.assign(task.num_rows * len, 0);
+  scr.qinv.assign(task.num_rows, 0.0f);
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const float* q = task.rows[r].qrot;
+    if (q == nullptr) continue;
+    float mx = 0.0f;
+    for (size_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(q[j]));
+    if (!(mx > 0.0f)) continue;  // zero query: every score is koff
+    const float qs = static_cast<float>(qmax) / mx;
+    int16_t* o = scr.q16.data() + r * len;
+    for (size_t v = 0; v < z.nvec_k; ++v) {
+      for (size_t w = 0; w < kN16; ++w) {
+        const size_t x = I16KeyCoord(z.nib, v, w);
+        o[v * kN16 + w] = x < d ? static_cast<int16_t>(std::lrint(q[FastPos(x, d)] * qs)) : int16_t{0};
+      }
+    }
+    scr.qinv[r] = 1.0f / (qs * z.cscale);
+  }
+}
+
+// Int16 centroids of index bytes ix (one 16-entry table per 128-bit block):
+// c0 holds bytes 0..7 of every block, c1 bytes 8..15.
+template <class V8>
+HWY_INLINE void Centroids16(const V8& tlo, const V8& thi, const V8& ix, hn::Vec<B16>* c0,
+                            hn::Vec<B16>* c1) {
+  const B8 d8;
+  const B16 d16;
+  const auto lo = hn::TableLookupBytes(tlo, ix);
+  const auto hi = hn::TableLookupBytes(thi, ix);
+  *c0 = hn::BitCast(d16, hn::InterleaveLower(d8, lo, hi));
+  *c1 = hn::BitCast(d16, hn::InterleaveUpper(d8, lo, hi));
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+// AVX-512 VNNI (vpdpwssd: the pair products and the add in one instruction).
+// Highway's AVX3_DL attributes name AVX-VNNI, not the AVX-512 form: these
+// kernels leave Highway's attribute region for one that adds it (closed after
+// AccumMse16); InitI16 checks the CPU for it.
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512vnni")
+#define TQ_I16_VNNI 1
+#else
+#undef TQ_I16_VNNI
+#endif
+
+// acc += pairwise products of a and b (int16 -> int32).
+template <bool kVnni>
+HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> acc,
+                                 hn::Vec<B32>& acc2) {
+#ifdef TQ_I16_VNNI
+  if constexpr (kVnni) return hn::Vec<B32>{_mm512_dpwssd_epi32(acc.raw, a.raw, b.raw)};
+#endif
+  return hn::ReorderWidenMulAccumulate(B32(), a, b, acc, acc2);
+}
+
+template <size_t NR, bool kVnni>
+HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                             attn::Row* const* rs, const float* koff, float* const* lg,
+                             AScratch& scr) {
+  const AF df;
+  const B8 d8;
+  const B16 d16;
+  const B32 d32;
+  const attn::Task& task = *ctx.task;
+  const CodecPlan& plan = *ctx.kc->groups[0].plan;
+  const I16Book& z = ctx.i16;
+  const size_t len = z.nvec_k * kN16;
+  const auto tlo = hn::LoadDup128(d8, z.lo);
+  const auto thi = hn::LoadDup128(d8, z.hi);
+  const auto m4 = hn::Set(d8, uint8_t{0x0F});
+  const int16_t* q[NR];
+  float qi[NR];
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+    q[r] = scr.q16.data() + ri * len;
+    qi[r] = scr.qinv[ri];
+  }
+  // Non-nibble widths: a group's rows unpacked to bytes before they are read
+  // (a load right after the unpacking's narrower stores would stall).
+  const size_t ulen = z.nch * kN8;
+  if (!z.nib) scr.tile.resize(kL * ulen + 64);
+  HWY_ALIGN AV parts[NR][kL];
+  for (size_t t0 = a; t0 < b; t0 += kL) {
+    const size_t nt = std::min(kL, b - t0);
+    HWY_ALIGN float sc[kL] = {};
+    for (size_t tt = 0; tt < nt; ++tt) {
+      sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
+      if (!z.nib) {
+        Unpack(s.k + (t0 + tt) * s.k_stride, plan.dim, plan.mse_bits, scr.tile.data() + tt * ulen,
+               plan.index_bytes);
+      }
+    }
+    for (size_t tt = 0; tt < kL; ++tt) {
+      if (tt >= nt) {
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        continue;
+      }
+      hn::Vec<B32> a0 = hn::Zero(d32), a1 = a0, a2 = a0, a3 = a0;
+      hn::Vec<B32> b0 = a0, b1 = a0, b2 = a0, b3 = a0;  // second sums (targets that reorder)
+#define TQ_I16_KEY(R, A, B, V0, V1, O0, O1)                                        \
+  if constexpr (NR > R) {                                                          \
+    A = MulAcc16<kVnni>(V0, hn::LoadU(d16, q[R] + O0), A, B);                      \
+    A = MulAcc16<kVnni>(V1, hn::LoadU(d16, q[R] + O1), A, B);                      \
+  }
+#define TQ_I16_KEYS(V0, V1, O0, O1)         \
+  TQ_I16_KEY(0, a0, b0, V0, V1, O0, O1)     \
+  TQ_I16_KEY(1, a1, b1, V0, V1, O0, O1)     \
+  TQ_I16_KEY(2, a2, b2, V0, V1, O0, O1)     \
+  TQ_I16_KEY(3, a3, b3, V0, V1, O0, O1)
+      if (z.nib) {
+        const uint8_t* row = PadRow(s.k + (t0 + tt) * s.k_stride, plan.index_bytes, z.extent,
+                                    s.k_stride, scr.pad.data());
+        for (size_t c = 0; c < z.nch; ++c) {
+          const auto x = hn::LoadU(d8, row + c * kN8);
+          const auto ev = hn::And(x, m4);
+          const auto od = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, x))), m4);
+          hn::Vec<B16> c0, c1, c2, c3;
+          Centroids16(tlo, thi, ev, &c0, &c1);
+          Centroids16(tlo, thi, od, &c2, &c3);
+          const size_t o = 4 * c * kN16;
+          TQ_I16_KEYS(c0, c1, o, o + kN16)
+          TQ_I16_KEYS(c2, c3, o + 2 * kN16, o + 3 * kN16)
+        }
+      } else {
+        const uint8_t* idx = scr.tile.data() + tt * ulen;
+        for (size_t c = 0; c < z.nch; ++c) {
+          hn::Vec<B16> c0, c1;
+          Centroids16(tlo, thi, hn::LoadU(d8, idx + c * kN8), &c0, &c1);
+          const size_t o = 2 * c * kN16;
+          TQ_I16_KEYS(c0, c1, o, o + kN16)
+        }
+      }
+#undef TQ_I16_KEYS
+#undef TQ_I16_KEY
+      parts[0][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a0, b0));
+      if constexpr (NR > 1) parts[1][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a1, b1));
+      if constexpr (NR > 2) parts[2][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a2, b2));
+      if constexpr (NR > 3) parts[3][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a3, b3));
+    }
+    const AV scv = hn::Load(df, sc);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_ALIGN float sums[kL];
+      hn::Store(hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]),
+                           hn::Set(df, koff[r])),
+                df, sums);
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
+    }
+  }
+}
+
+// Accumulates the four int16 centroid-pair vectors cv into acc[r][0..3] with
+// each row's weight pair.
+template <size_t NR, bool kVnni>
+HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, size_t p,
+                           hn::Vec<B32> (*acc)[4], hn::Vec<B32> (*acc2)[4]) {
+  const B16 d16;
+  const B32 d32;
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    int32_t pair;
+    std::memcpy(&pair, wps[r] + 2 * p, 4);
+    const auto wv = hn::BitCast(d16, hn::Set(d32, pair));
+    HWY_UNROLL(4)
+    for (size_t u = 0; u < 4; ++u) {
+      acc[r][u] = MulAcc16<kVnni>(cv[u], wv, acc[r][u], acc2[r][u]);
+    }
+  }
+}
+
+// Value sums of rows rs over tokens [a, b): weights (softmax weight x row
+// scale) of each row rounded to int16 against the tile's largest, tokens
+// taken in pairs (one int32 lane = c_t w_t + c_t+1 w_t+1), int32 sums
+// flushed once per tile into the row's private float sums (scr.priv).
+template <size_t NR, bool kVnni>
+HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                             attn::Row* const* rs, float* const* w, AScratch& scr) {
+  const AF df;
+  const B8 d8;
+  const B16 d16;
+  const B32 d32;
+  const attn::Task& task = *vctx.task;
+  const CodecPlan& plan = *vctx.kc->groups[0].plan;
+  const I16Book& z = vctx.i16;
+  const size_t plen = z.nvec_v * kN32;
+  const size_t n = b - a, npairs = (n + 1) / 2;
+  // Code rows of the tile (nib: the rows, padded copies where a load would
+  // leave the storage; else unpacked bytes); an odd tile gets a zero twin.
+  const size_t ulen = z.nch * kN8;
+  const uint8_t* rows[kTile + 1];
+  HWY_ALIGN float vs[kTile + kL];
+  scr.tile.resize((2 * npairs) * ulen + 64);
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t* src = s.v + (a + t) * s.v_stride;
+    uint8_t* dst = scr.tile.data() + t * ulen;
+    if (z.nib) {
+      if (z.extent <= s.v_stride) {
+        rows[t] = src;
+      } else {
+        std::memcpy(dst, src, plan.index_bytes);
+        std::memset(dst + plan.index_bytes, 0, ulen - plan.index_bytes);
+        rows[t] = dst;
+      }
+    } else {
+      Unpack(src, plan.dim, plan.mse_bits, dst, plan.index_bytes);
+      rows[t] = dst;
+    }
+    vs[t] = Scale(plan, s.vm + (a + t) * s.vm_stride);
+  }
+  if (n % 2) {
+    std::memset(scr.tile.data() + n * ulen, 0, ulen);
+    rows[n] = scr.tile.data() + n * ulen;
+  }
+  // Int16 weights (consecutive int16s: the pair of tokens 2p, 2p+1 is the
+  // int32 at 2p); per row the factor back to float.
+  for (size_t t = n; t < kTile + kL; ++t) vs[t] = 0.0f;
+  HWY_ALIGN int16_t w16[NR][kTile + kL];
+  float fac[NR];
+  float* priv[NR];
+  bool any = false;
+  const hn::Rebind<int16_t, AF> dh;
+  for (size_t r = 0; r < NR; ++r) {
+    priv[r] = scr.priv.data() + static_cast<size_t>(rs[r] - task.rows) * plen;
+    HWY_ALIGN float wt[kTile + kL];
+    AV mxv = hn::Zero(df);
+    for (size_t t = 0; t < n; t += kL) {
+      const AV x = hn::IfThenElseZero(hn::FirstN(df, n - t),
+                                      hn::Mul(hn::LoadU(df, w[r] + t), hn::Load(df, vs + t)));
+      mxv = hn::Max(mxv, x);
+      hn::Store(x, df, wt + t);
+    }
+    const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
+    const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(kWmax) / mx : 0.0f);
+    fac[r] = mx > 0.0f ? mx / static_cast<float>(kWmax) / z.cscale : 0.0f;
+    any |= mx > 0.0f;
+    for (size_t t = 0; t < n; t += kL) {
+      hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Load(df, wt + t), f))), dh, w16[r] + t);
+    }
+    w16[r][n] = 0;  // an odd tile's twin
+  }
+  if (!any) return;
+  const auto tlo = hn::LoadDup128(d8, z.lo);
+  const auto thi = hn::LoadDup128(d8, z.hi);
+  const auto m4 = hn::Set(d8, uint8_t{0x0F});
+  const int16_t* wps[NR];
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
+  // One pass a group of four accumulators per row (v0 .. v0 + 3).
+  const size_t npass = z.nvec_v / 4;
+  for (size_t pass = 0; pass < npass; ++pass) {
+    hn::Vec<B32> acc[NR][4], acc2[NR][4];
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      for (size_t u = 0; u < 4; ++u) acc[r][u] = acc2[r][u] = hn::Zero(d32);
+    }
+    if (z.nib) {
+      // pass = 2 c + g: code bytes of load c, byte half g of each block;
+      // bytes of tokens t, t+1 interleaved, then the even and odd
+      // coordinates' index pairs are the low and high nibbles.
+      const size_t c = pass / 2, g = pass % 2;
+      for (size_t p = 0; p < npairs; ++p) {
+        const auto xa = hn::LoadU(d8, rows[2 * p] + c * kN8);
+        const auto xb = hn::LoadU(d8, rows[2 * p + 1] + c * kN8);
+        const auto r8 = g ? hn::InterleaveUpper(d8, xa, xb) : hn::InterleaveLower(d8, xa, xb);
+        hn::Vec<B16> cv[4];
+        Centroids16(tlo, thi, hn::And(r8, m4), &cv[0], &cv[1]);
+        Centroids16(tlo, thi, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, r8))), m4),
+                    &cv[2], &cv[3]);
+        AccumPairs<NR, kVnni>(cv, wps, p, acc, acc2);
+      }
+    } else {
+      const size_t c = pass;
+      for (size_t p = 0; p < npairs; ++p) {
+        const auto ia = hn::LoadU(d8, rows[2 * p] + c * kN8);
+        const auto ib = hn::LoadU(d8, rows[2 * p + 1] + c * kN8);
+        hn::Vec<B16> cv[4];
+        Centroids16(tlo, thi, hn::InterleaveLower(d8, ia, ib), &cv[0], &cv[1]);
+        Centroids16(tlo, thi, hn::InterleaveUpper(d8, ia, ib), &cv[2], &cv[3]);
+        AccumPairs<NR, kVnni>(cv, wps, p, acc, acc2);
+      }
+    }
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const AV fv = hn::Set(df, fac[r]);
+      for (size_t u = 0; u < 4; ++u) {
+        float* dst = priv[r] + (4 * pass + u) * kN32;
+        const AV x = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(acc[r][u], acc2[r][u]));
+        hn::StoreU(hn::MulAdd(x, fv, hn::LoadU(df, dst)), df, dst);
+      }
+    }
+  }
+}
+#if HWY_TARGET == HWY_AVX3_DL
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
+#endif
+#endif  // HWY_TARGET != HWY_SCALAR
+
 // Scores of tokens [a, b) of segment s for rows rs[0..NR) into logits rows.
 template <size_t NR>
 HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
@@ -572,6 +989,12 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     case Fmt::kMse:
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->qrot;
+#ifdef TQ_ATTN_I16
+      if (ctx.i16.on) {
+        if (ctx.i16.vnni) return ScoreMse16<NR, true>(ctx, s, a, b, rs, koff, lg, scr);
+        return ScoreMse16<NR, false>(ctx, s, a, b, rs, koff, lg, scr);
+      }
+#endif
       if (kc.fast_mse) return ScoreMseFast<NR>(ctx, s, a, b, q, q, koff, lg, scr);
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, ctx.luts[0]), s, a, b, d, q, koff, lg, scr);
     case Fmt::kProd:
@@ -773,6 +1196,12 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
   switch (vc.fmt) {
     case Fmt::kMse:
+#ifdef TQ_ATTN_I16
+      if (vctx.i16.on) {
+        if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
+        return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
+      }
+#endif
       if (vc.fast_mse) return AccumMseFast<NR>(vctx, s, a, b, rs, w, scr);
       break;  // below: rotated domain, one row at a time
     case Fmt::kSplit:
@@ -939,6 +1368,13 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   const size_t row_elem_bytes = task.d * (task.dense_fmt == Fmt::kF32 ? 4 : 2);
   InitCtx(task, task.kc, &kctx);
   InitCtx(task, task.vc, &vctx);
+#ifdef TQ_ATTN_I16
+  InitI16(task.kc, d, true, &kctx.i16);
+  InitI16(task.vc, d, false, &vctx.i16);
+  if (kctx.i16.on) PrepareQ16(task, kctx.i16, scr);
+  const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
+  if (vctx.i16.on) scr.priv.assign(task.num_rows * priv_len, 0.0f);
+#endif
 
   for (size_t si = 0; si < task.num_segs; ++si) {
     const attn::Seg& s = task.segs[si];
@@ -963,7 +1399,10 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       if (nact == 0) continue;
       // Prefetch this tile's values (read chunk by chunk across rows below)
       // and the next tile's keys: both are streams from memory.
-      {
+      // Compressed rows are left to the hardware prefetcher: software
+      // prefetches of their (4x smaller) stream stalled on full miss queues
+      // and measured no faster.
+      if (!s.compressed) {
         const size_t kbytes = s.compressed && task.kc ? task.kc->payload_bytes : row_elem_bytes;
         const size_t vbytes = s.compressed && task.vc ? task.vc->payload_bytes : row_elem_bytes;
         for (size_t t = pa - s.pos0; t < pb - s.pos0; ++t) {
@@ -1042,6 +1481,12 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
               for (; j + kL <= d; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, acc + j)), df, acc + j);
               for (; j < d; ++j) acc[j] *= corr;
             }
+#ifdef TQ_ATTN_I16
+            if (priv_len > 0) {
+              float* pv = scr.priv.data() + static_cast<size_t>(&row - task.rows) * priv_len;
+              for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
+            }
+#endif
           }
           row.m = mx;
         }
@@ -1106,6 +1551,21 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       }
     }
   }
+#ifdef TQ_ATTN_I16
+  // Integer value sums back into the rows' rotated accumulators (fast-MSE order).
+  if (priv_len > 0) {
+    for (size_t r = 0; r < task.num_rows; ++r) {
+      const float* pv = scr.priv.data() + r * priv_len;
+      float* accr = task.rows[r].accr;
+      for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
+        for (size_t j = 0; j < kN32; ++j) {
+          const size_t x = I16ValCoord(vctx.i16.nib, v, j);
+          if (x < d) accr[FastPos(x, d)] += pv[v * kN32 + j];
+        }
+      }
+    }
+  }
+#endif
 }
 
 }  // namespace tq::cpu::HWY_NAMESPACE

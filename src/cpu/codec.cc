@@ -1,6 +1,11 @@
 // Highway SIMD kernels of the CPU codec: dynamic dispatch over the per-target
 // code in cpu/codec-inl.h (see there for the arithmetic contract: the code
 // bytes equal tq::ref's on every target).
+// AVX3_DL (AVX-512 with VNNI, VBMI, ...) is compiled too: the integer
+// attention kernels use vpdpwssd there (cpu/attention-inl.h).
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include "cpu/dispatch.h"
 #include "tq/rotation.h"
 
