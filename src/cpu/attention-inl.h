@@ -200,6 +200,10 @@ struct I16Book {
   size_t nvec_v = 0;         // int32 value accumulators a row
   size_t extent = 0;         // nib: code bytes read from a row's start
   bool vnni = false;         // AVX-512 VNNI present (AVX3_DL)
+  bool vbmi = false;         // 2/3-bit rows expanded in registers (AVX3_DL: vpermb, vpmultishiftqb)
+  int bits = 0;
+  HWY_ALIGN uint8_t perm[64];  // vbmi: code bytes of group i of a chunk to 64-bit lane i
+  HWY_ALIGN uint8_t ctrl[64];  // vbmi: bit offset of coordinate k in its lane
 };
 
 struct KeyCtx {
@@ -651,7 +655,19 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     z->hi[k] = static_cast<uint8_t>(u >> 8);
   }
   z->nch = nch;
+  z->bits = plan.mse_bits;
   z->extent = z->nib ? nch * kN8 : 0;
+#if HWY_TARGET == HWY_AVX3_DL
+  if (!z->nib) {  // chunk c: 8 groups of 8 coordinates, group g = bits bytes at 8 bits c + bits g
+    z->vbmi = true;
+    const size_t bb = static_cast<size_t>(plan.mse_bits);
+    for (size_t i = 0; i < 64; ++i) {
+      z->perm[i] = static_cast<uint8_t>(std::min<size_t>(bb * (i / 8) + i % 8, 63));
+      z->ctrl[i] = static_cast<uint8_t>(bb * (i % 8));
+    }
+    z->extent = 8 * bb * (nch - 1) + 64;
+  }
+#endif
 #if HWY_TARGET == HWY_AVX3_DL
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
   z->vnni = vnni;
@@ -698,6 +714,22 @@ HWY_INLINE void Centroids16(const V8& tlo, const V8& thi, const V8& ix, hn::Vec<
   *c1 = hn::BitCast(d16, hn::InterleaveUpper(d8, lo, hi));
 }
 
+// kN8 code bytes at p + off of a row whose codes are n bytes. On AVX-512 a
+// masked load: nothing past the codes is read, so rows are used in place
+// (a padded copy would be read right after its narrower stores, which stalls
+// store forwarding). Elsewhere a plain load from a row the caller padded.
+constexpr bool kMaskedCodes = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
+HWY_INLINE hn::Vec<B8> LoadCodes(const uint8_t* p, size_t off, size_t n) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (off + 64 <= n) return hn::Vec<B8>{_mm512_loadu_si512(p + off)};
+  const uint64_t m = off < n ? (uint64_t{1} << (n - off)) - 1 : 0;  // n - off < 64
+  return hn::Vec<B8>{_mm512_maskz_loadu_epi8(m, p + off)};
+#else
+  (void)n;
+  return hn::LoadU(B8(), p + off);
+#endif
+}
+
 #if HWY_TARGET == HWY_AVX3_DL
 // AVX-512 VNNI (vpdpwssd: the pair products and the add in one instruction).
 // Highway's AVX3_DL attributes name AVX-VNNI, not the AVX-512 form: these
@@ -708,6 +740,18 @@ HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512vnni")
 #define TQ_I16_VNNI 1
 #else
 #undef TQ_I16_VNNI
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Index bytes of chunk c (64 coordinates in order) of a 2- or 3-bit row:
+// each group's bytes to one 64-bit lane, then one byte per coordinate at its
+// bit offset.
+HWY_INLINE hn::Vec<B8> IdxChunkVbmi(const uint8_t* row, size_t nbytes, size_t c, int bits,
+                                   __m512i perm, __m512i ctrl, __m512i mask) {
+  const __m512i x = LoadCodes(row, 8 * static_cast<size_t>(bits) * c, nbytes).raw;
+  const __m512i g = _mm512_permutexvar_epi8(perm, x);
+  return hn::Vec<B8>{_mm512_and_si512(_mm512_multishift_epi64_epi8(ctrl, g), mask)};
+}
 #endif
 
 // acc += pairwise products of a and b (int16 -> int32).
@@ -746,14 +790,19 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   // Non-nibble widths: a group's rows unpacked to bytes before they are read
   // (a load right after the unpacking's narrower stores would stall).
   const size_t ulen = z.nch * kN8;
-  if (!z.nib) scr.tile.resize(kL * ulen + 64);
+  const bool unpack = !z.nib && !z.vbmi;
+  if (unpack) scr.tile.resize(kL * ulen + 64);
+#if HWY_TARGET == HWY_AVX3_DL
+  const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
+  const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << z.bits) - 1));
+#endif
   HWY_ALIGN AV parts[NR][kL];
   for (size_t t0 = a; t0 < b; t0 += kL) {
     const size_t nt = std::min(kL, b - t0);
     HWY_ALIGN float sc[kL] = {};
     for (size_t tt = 0; tt < nt; ++tt) {
       sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
-      if (!z.nib) {
+      if (unpack) {
         Unpack(s.k + (t0 + tt) * s.k_stride, plan.dim, plan.mse_bits, scr.tile.data() + tt * ulen,
                plan.index_bytes);
       }
@@ -777,10 +826,10 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   TQ_I16_KEY(2, a2, b2, V0, V1, O0, O1)     \
   TQ_I16_KEY(3, a3, b3, V0, V1, O0, O1)
       if (z.nib) {
-        const uint8_t* row = PadRow(s.k + (t0 + tt) * s.k_stride, plan.index_bytes, z.extent,
-                                    s.k_stride, scr.pad.data());
+        const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
+        if (!kMaskedCodes) row = PadRow(row, plan.index_bytes, z.extent, s.k_stride, scr.pad.data());
         for (size_t c = 0; c < z.nch; ++c) {
-          const auto x = hn::LoadU(d8, row + c * kN8);
+          const auto x = LoadCodes(row, c * kN8, plan.index_bytes);
           const auto ev = hn::And(x, m4);
           const auto od = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, x))), m4);
           hn::Vec<B16> c0, c1, c2, c3;
@@ -790,6 +839,17 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
           TQ_I16_KEYS(c0, c1, o, o + kN16)
           TQ_I16_KEYS(c2, c3, o + 2 * kN16, o + 3 * kN16)
         }
+      } else if (!unpack) {
+#if HWY_TARGET == HWY_AVX3_DL
+        const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
+        for (size_t c = 0; c < z.nch; ++c) {
+          hn::Vec<B16> c0, c1;
+          Centroids16(tlo, thi, IdxChunkVbmi(row, plan.index_bytes, c, z.bits, vperm, vctrl, vmask),
+                      &c0, &c1);
+          const size_t o = 2 * c * kN16;
+          TQ_I16_KEYS(c0, c1, o, o + kN16)
+        }
+#endif
       } else {
         const uint8_t* idx = scr.tile.data() + tt * ulen;
         for (size_t c = 0; c < z.nch; ++c) {
@@ -853,8 +913,9 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const I16Book& z = vctx.i16;
   const size_t plen = z.nvec_v * kN32;
   const size_t n = b - a, npairs = (n + 1) / 2;
-  // Code rows of the tile (nib: the rows, padded copies where a load would
-  // leave the storage; else unpacked bytes); an odd tile gets a zero twin.
+  // Code rows of the tile (nib, vbmi: the rows themselves, or padded copies
+  // where a plain load would leave the storage; else unpacked bytes); an odd
+  // tile gets a zero twin.
   const size_t ulen = z.nch * kN8;
   const uint8_t* rows[kTile + 1];
   HWY_ALIGN float vs[kTile + kL];
@@ -862,8 +923,8 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   for (size_t t = 0; t < n; ++t) {
     const uint8_t* src = s.v + (a + t) * s.v_stride;
     uint8_t* dst = scr.tile.data() + t * ulen;
-    if (z.nib) {
-      if (z.extent <= s.v_stride) {
+    if (z.nib || z.vbmi) {
+      if (kMaskedCodes || z.extent <= s.v_stride) {
         rows[t] = src;
       } else {
         std::memcpy(dst, src, plan.index_bytes);
@@ -911,11 +972,16 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const auto tlo = hn::LoadDup128(d8, z.lo);
   const auto thi = hn::LoadDup128(d8, z.hi);
   const auto m4 = hn::Set(d8, uint8_t{0x0F});
+#if HWY_TARGET == HWY_AVX3_DL
+  const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
+  const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << z.bits) - 1));
+#endif
   const int16_t* wps[NR];
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
   // One pass a group of four accumulators per row (v0 .. v0 + 3).
   const size_t npass = z.nvec_v / 4;
+  const size_t nb = plan.index_bytes;  // code bytes a row (the rest of a padded copy is zero)
   for (size_t pass = 0; pass < npass; ++pass) {
     hn::Vec<B32> acc[NR][4], acc2[NR][4];
     HWY_UNROLL(4)
@@ -928,8 +994,8 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
       // coordinates' index pairs are the low and high nibbles.
       const size_t c = pass / 2, g = pass % 2;
       for (size_t p = 0; p < npairs; ++p) {
-        const auto xa = hn::LoadU(d8, rows[2 * p] + c * kN8);
-        const auto xb = hn::LoadU(d8, rows[2 * p + 1] + c * kN8);
+        const auto xa = LoadCodes(rows[2 * p], c * kN8, nb);
+        const auto xb = LoadCodes(rows[2 * p + 1], c * kN8, nb);
         const auto r8 = g ? hn::InterleaveUpper(d8, xa, xb) : hn::InterleaveLower(d8, xa, xb);
         hn::Vec<B16> cv[4];
         Centroids16(tlo, thi, hn::And(r8, m4), &cv[0], &cv[1]);
@@ -940,8 +1006,13 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
     } else {
       const size_t c = pass;
       for (size_t p = 0; p < npairs; ++p) {
+#if HWY_TARGET == HWY_AVX3_DL
+        const auto ia = IdxChunkVbmi(rows[2 * p], nb, c, z.bits, vperm, vctrl, vmask);
+        const auto ib = IdxChunkVbmi(rows[2 * p + 1], nb, c, z.bits, vperm, vctrl, vmask);
+#else
         const auto ia = hn::LoadU(d8, rows[2 * p] + c * kN8);
         const auto ib = hn::LoadU(d8, rows[2 * p + 1] + c * kN8);
+#endif
         hn::Vec<B16> cv[4];
         Centroids16(tlo, thi, hn::InterleaveLower(d8, ia, ib), &cv[0], &cv[1]);
         Centroids16(tlo, thi, hn::InterleaveUpper(d8, ia, ib), &cv[2], &cv[3]);
@@ -1398,21 +1469,20 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       }
       if (nact == 0) continue;
       // Prefetch this tile's values (read chunk by chunk across rows below)
-      // and the next tile's keys: both are streams from memory.
-      // Compressed rows are left to the hardware prefetcher: software
-      // prefetches of their (4x smaller) stream stalled on full miss queues
-      // and measured no faster.
+      // and the next tile's keys: both are streams from memory. Compressed
+      // rows are left to the hardware prefetcher (software prefetches of
+      // their smaller stream stalled on full miss queues and measured no
+      // faster); their scales, a sparse stream of a few bytes a row, are
+      // prefetched a tile ahead.
       if (!s.compressed) {
-        const size_t kbytes = s.compressed && task.kc ? task.kc->payload_bytes : row_elem_bytes;
-        const size_t vbytes = s.compressed && task.vc ? task.vc->payload_bytes : row_elem_bytes;
         for (size_t t = pa - s.pos0; t < pb - s.pos0; ++t) {
           const uint8_t* vr = s.v + t * s.v_stride;
-          for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vr + o);
+          for (size_t o = 0; o < row_elem_bytes; o += 64) hwy::Prefetch(vr + o);
         }
         const size_t na = pb - s.pos0, nb = std::min(pb + kTile, seg_b) - s.pos0;
         for (size_t t = na; t < nb; ++t) {
           const uint8_t* kr = s.k + t * s.k_stride;
-          for (size_t o = 0; o < kbytes; o += 64) hwy::Prefetch(kr + o);
+          for (size_t o = 0; o < row_elem_bytes; o += 64) hwy::Prefetch(kr + o);
         }
       }
       const bool many = nact > kGroup;
