@@ -1470,10 +1470,9 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       if (nact == 0) continue;
       // Prefetch this tile's values (read chunk by chunk across rows below)
       // and the next tile's keys: both are streams from memory. Compressed
-      // rows are left to the hardware prefetcher (software prefetches of
-      // their smaller stream stalled on full miss queues and measured no
-      // faster); their scales, a sparse stream of a few bytes a row, are
-      // prefetched a tile ahead.
+      // rows and their scales are left to the hardware prefetcher: software
+      // prefetches of the rows stalled on full miss queues and measured no
+      // faster, and prefetching the scales a tile ahead measured slower.
       if (!s.compressed) {
         for (size_t t = pa - s.pos0; t < pb - s.pos0; ++t) {
           const uint8_t* vr = s.v + t * s.v_stride;
