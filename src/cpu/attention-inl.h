@@ -200,6 +200,9 @@ struct I16Book {
   size_t nvec_v = 0;         // int32 value accumulators a row
   size_t extent = 0;         // nib: code bytes read from a row's start
   bool vnni = false;         // AVX-512 VNNI present (AVX3_DL)
+  bool asym = false;         // int-asym row values (plain domain, scale and zero a row)
+  int wmax = 0;              // values: int16 weight of a tile's largest
+  size_t nbytes = 0;         // code bytes a row
   bool vbmi = false;         // 2/3-bit rows expanded in registers (AVX3_DL: vpermb, vpmultishiftqb)
   int bits = 0;
   HWY_ALIGN uint8_t perm[64];  // vbmi: code bytes of group i of a chunk to 64-bit lane i
@@ -288,6 +291,7 @@ struct AScratch {
   std::vector<int16_t> q16;   // integer kernels: per task row, the int16 query (ScoreMse16 order)
   std::vector<float> qinv;    // per task row: 1 / (query scale * centroid scale)
   std::vector<float> priv;    // per task row: value sums in AccumMse16 order
+  std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
 };
 inline AScratch& AttnScratch() {
   static thread_local AScratch s;
@@ -655,6 +659,8 @@ constexpr int kKeyCmax = 8191;
 constexpr int kValCmax = 4095;
 constexpr int kWmax = 8191;
 static_assert(kTile <= 64, "AccumMse16's int32 bound assumes <= 64 tokens a tile");
+static_assert(64L * 32767 * 8 < 2147483647L && 64L * kWmax * kValCmax < 2147483647L,
+              "value sums of a tile fit an int32 lane");
 
 // Two ways to get index bytes: 4-bit rows in registers (one load of kN8 code
 // bytes gives the even and the odd coordinates of 2 kN8 as two nibble
@@ -682,45 +688,72 @@ HWY_INLINE size_t I16ValCoord(bool nib, size_t v, size_t j) {
 // position k * (d / 8) + i holds coordinate 8 i + k.
 HWY_INLINE size_t FastPos(size_t x, size_t d) { return (x % 8) * (d / 8) + x / 8; }
 
+// The integer kernels apply to TurboQuant-MSE keys or values of 2..4 bits
+// with one rotation block (int16 centroids), and to int-asym values of 2..4
+// bits with one group a row (u * scale + zero: the "centroids" are the
+// levels 0 .. 2^bits - 1 and the zero's share is summed in float).
 HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
   z->on = false;
-  if (c == nullptr || c->fmt != Fmt::kMse || !c->fast_mse || c->num_groups != 1) return;
-  const CodecPlan& plan = *c->groups[0].plan;
-  if (plan.num_blocks != 1 || plan.mse_bits < 2 || plan.mse_bits > 4 || plan.dim != d) return;
-  z->nib = plan.mse_bits == 4;
+  if (c == nullptr) return;
+  int bits = 0;
+  const float* cent = nullptr;
+  if (c->fmt == Fmt::kMse && c->fast_mse && c->num_groups == 1) {
+    const CodecPlan& plan = *c->groups[0].plan;
+    if (plan.num_blocks != 1 || plan.dim != d) return;
+    bits = plan.mse_bits;
+    cent = plan.blocks[0].centroids;
+    z->nbytes = plan.index_bytes;
+    z->asym = false;
+  } else if (!keys && c->fmt == Fmt::kIntAsym && c->group_size == d && c->meta_bytes == 4) {
+    bits = c->bits;
+    z->nbytes = c->payload_bytes;
+    z->asym = true;
+  } else {
+    return;
+  }
+  if (bits < 2 || bits > 4) return;
+  z->nib = bits == 4;
   // nib: loads of kN8 code bytes; else chunks of kN8 coordinates.
   const size_t nch = z->nib ? (d + 2 * kN8 - 1) / (2 * kN8) : (d + kN8 - 1) / kN8;
   z->nvec_k = z->nib ? 4 * nch : 2 * nch;
   z->nvec_v = z->nib ? 8 * nch : 4 * nch;
   // int32 bound of the keys below: 2 * nvec_k products a lane.
   if (kN8 < 16 || 2 * z->nvec_k > 32) return;
-  const size_t n = size_t{1} << plan.mse_bits;
-  const float* cent = plan.blocks[0].centroids;
-  float mx = 0.0f;
-  for (size_t k = 0; k < n; ++k) mx = std::max(mx, std::fabs(cent[k]));
-  if (!(mx > 0.0f) || !std::isfinite(mx)) return;
-  z->cscale = static_cast<float>(keys ? kKeyCmax : kValCmax) / mx;
+  const size_t n = size_t{1} << bits;
+  // Values: 64 tokens * wmax * max|c| < 2^31 (int-asym levels are <= 8 in
+  // magnitude, so their weights keep 15 bits).
+  z->wmax = z->asym ? 32767 : kWmax;
+  if (z->asym) {
+    z->cscale = 1.0f;  // levels exactly
+  } else {
+    float mx = 0.0f;
+    for (size_t k = 0; k < n; ++k) mx = std::max(mx, std::fabs(cent[k]));
+    if (!(mx > 0.0f) || !std::isfinite(mx)) return;
+    z->cscale = static_cast<float>(keys ? kKeyCmax : kValCmax) / mx;
+  }
   for (size_t k = 0; k < 16; ++k) {
-    const long v = k < n ? std::lrint(cent[k] * z->cscale) : 0;
+    long v = 0;
+    // int-asym levels centered (u - 2^(bits-1)): the rounding of the weights
+    // then multiplies zero-mean integers; the offset joins the zero.
+    if (k < n) v = z->asym ? static_cast<long>(k) - static_cast<long>(n / 2) : std::lrint(cent[k] * z->cscale);
     const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(v));
     z->lo[k] = static_cast<uint8_t>(u & 0xFF);
     z->hi[k] = static_cast<uint8_t>(u >> 8);
   }
   z->nch = nch;
-  z->bits = plan.mse_bits;
+  z->bits = bits;
   z->extent = z->nib ? nch * kN8 : 0;
+  z->vbmi = false;
 #if HWY_TARGET == HWY_AVX3_DL
   if (!z->nib) {  // chunk c: 8 groups of 8 coordinates, group g = bits bytes at 8 bits c + bits g
     z->vbmi = true;
-    const size_t bb = static_cast<size_t>(plan.mse_bits);
+    const size_t bb = static_cast<size_t>(bits);
     for (size_t i = 0; i < 64; ++i) {
       z->perm[i] = static_cast<uint8_t>(std::min<size_t>(bb * (i / 8) + i % 8, 63));
       z->ctrl[i] = static_cast<uint8_t>(bb * (i % 8));
     }
     z->extent = 8 * bb * (nch - 1) + 64;
   }
-#endif
-#if HWY_TARGET == HWY_AVX3_DL
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
   z->vnni = vnni;
 #endif
@@ -764,6 +797,11 @@ HWY_INLINE void Centroids16(const V8& tlo, const V8& thi, const V8& ix, hn::Vec<
   const auto hi = hn::TableLookupBytes(thi, ix);
   *c0 = hn::BitCast(d16, hn::InterleaveLower(d8, lo, hi));
   *c1 = hn::BitCast(d16, hn::InterleaveUpper(d8, lo, hi));
+}
+
+// The value codec's plan (nullptr for int-asym values).
+HWY_INLINE const CodecPlan* z_plan(const KeyCtx& ctx) {
+  return ctx.kc->fmt == Fmt::kMse ? ctx.kc->groups[0].plan : nullptr;
 }
 
 // kN8 code bytes at p + off of a row whose codes are n bytes. On AVX-512 a
@@ -972,7 +1010,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const B16 d16;
   const B32 d32;
   const attn::Task& task = *vctx.task;
-  const CodecPlan& plan = *vctx.kc->groups[0].plan;
+  const CodecPlan* plan = z_plan(vctx);
   const I16Book& z = vctx.i16;
   const size_t plen = z.nvec_v * kN32;
   const size_t n = b - a, npairs = (n + 1) / 2;
@@ -982,6 +1020,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const size_t ulen = z.nch * kN8;
   const uint8_t* rows[kTile + 1];
   HWY_ALIGN float vs[kTile + kL];
+  float zs[kTile];  // int-asym: the rows' zeros
   scr.tile.resize((2 * npairs) * ulen + 64);
   for (size_t t = 0; t < n; ++t) {
     const uint8_t* src = s.v + (a + t) * s.v_stride;
@@ -990,15 +1029,17 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
       if (kMaskedCodes || z.extent <= s.v_stride) {
         rows[t] = src;
       } else {
-        std::memcpy(dst, src, plan.index_bytes);
-        std::memset(dst + plan.index_bytes, 0, ulen - plan.index_bytes);
+        std::memcpy(dst, src, z.nbytes);
+        std::memset(dst + z.nbytes, 0, ulen - z.nbytes);
         rows[t] = dst;
       }
     } else {
-      Unpack(src, plan.dim, plan.mse_bits, dst, plan.index_bytes);
+      Unpack(src, task.d, z.bits, dst, z.nbytes);
       rows[t] = dst;
     }
-    vs[t] = Scale(plan, s.vm + (a + t) * s.vm_stride);
+    const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
+    vs[t] = z.asym ? Half(meta) : Scale(*plan, meta);
+    zs[t] = z.asym ? Half(meta + 2) + static_cast<float>(1 << (z.bits - 1)) * vs[t] : 0.0f;
   }
   if (n % 2) {
     std::memset(scr.tile.data() + n * ulen, 0, ulen);
@@ -1023,13 +1064,18 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
       hn::Store(x, df, wt + t);
     }
     const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
-    const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(kWmax) / mx : 0.0f);
-    fac[r] = mx > 0.0f ? mx / static_cast<float>(kWmax) / z.cscale : 0.0f;
+    const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(z.wmax) / mx : 0.0f);
+    fac[r] = mx > 0.0f ? mx / static_cast<float>(z.wmax) / z.cscale : 0.0f;
     any |= mx > 0.0f;
     for (size_t t = 0; t < n; t += kL) {
       hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Load(df, wt + t), f))), dh, w16[r] + t);
     }
     w16[r][n] = 0;  // an odd tile's twin
+    if (z.asym) {  // sum_t w_t z_t, added to every coordinate at the end of the task
+      float zsum = 0.0f;
+      for (size_t t = 0; t < n; ++t) zsum += w[r][t] * zs[t];
+      scr.zsum[static_cast<size_t>(rs[r] - task.rows)] += zsum;
+    }
   }
   if (!any) return;
   const auto tlo = hn::LoadDup128(d8, z.lo);
@@ -1044,7 +1090,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
   // One pass a group of four accumulators per row (v0 .. v0 + 3).
   const size_t npass = z.nvec_v / 4;
-  const size_t nb = plan.index_bytes;  // code bytes a row (the rest of a padded copy is zero)
+  const size_t nb = z.nbytes;  // code bytes a row (the rest of a padded copy is zero)
   for (size_t pass = 0; pass < npass; ++pass) {
     hn::Vec<B32> acc[NR][4], acc2[NR][4];
     HWY_UNROLL(4)
@@ -1403,10 +1449,17 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
       break;  // below: rotated domain, one row at a time
     case Fmt::kSplit:
       break;
+    case Fmt::kIntAsym:
+#ifdef TQ_ATTN_I16
+      if (vctx.i16.on) {
+        if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
+        return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
+      }
+#endif
+      return AccumDecoded<NR>(MakeInfo(vc.fmt, &vc, nullptr), s, a, b, d, rs, w, scr);
     case Fmt::kF16:
     case Fmt::kBF16:
     case Fmt::kInt8:
-    case Fmt::kIntAsym:
       return AccumDecoded<NR>(MakeInfo(vc.fmt, &vc, nullptr), s, a, b, d, rs, w, scr);
     default:
       return;
@@ -1569,7 +1622,10 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   InitI16(task.vc, d, false, &vctx.i16);
   if (kctx.i16.on) PrepareQ16(task, kctx.i16, scr);
   const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
-  if (vctx.i16.on) scr.priv.assign(task.num_rows * priv_len, 0.0f);
+  if (vctx.i16.on) {
+    scr.priv.assign(task.num_rows * priv_len, 0.0f);
+    scr.zsum.assign(task.num_rows, 0.0f);
+  }
 #endif
 
   for (size_t si = 0; si < task.num_segs; ++si) {
@@ -1666,6 +1722,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
             if (priv_len > 0) {
               float* pv = scr.priv.data() + static_cast<size_t>(&row - task.rows) * priv_len;
               for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
+              scr.zsum[static_cast<size_t>(&row - task.rows)] *= corr;
             }
 #endif
           }
@@ -1737,6 +1794,17 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   if (priv_len > 0) {
     for (size_t r = 0; r < task.num_rows; ++r) {
       const float* pv = scr.priv.data() + r * priv_len;
+      if (vctx.i16.asym) {  // plain domain, natural order
+        float* acc = task.rows[r].acc;
+        for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
+          for (size_t j = 0; j < kN32; ++j) {
+            const size_t x = I16ValCoord(vctx.i16.nib, v, j);
+            if (x < d) acc[x] += pv[v * kN32 + j];
+          }
+        }
+        for (size_t x = 0; x < d; ++x) acc[x] += scr.zsum[r];
+        continue;
+      }
       float* accr = task.rows[r].accr;
       for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
         for (size_t j = 0; j < kN32; ++j) {
