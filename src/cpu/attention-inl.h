@@ -4,15 +4,17 @@
 // rows of one KV head against the positions [t0, t1) of its segments, with an
 // online softmax whose state lives in the rows.
 //
-// Keys are scored from their codes: TurboQuant indices are unpacked to bytes
-// (one row at a time, into a 1-row scratch), looked up in the block's
-// centroid table (one register on AVX-512 for <= 4 bits: TableLookupLanes),
-// and multiplied into the rotated queries of up to four rows at a time (GQA:
-// one lookup serves every query head of the group). TurboQuant values are
-// accumulated in the value codec's rotated domain (weight · scale ·
-// centroid); the driver rotates the sum back once per row. Integer formats
-// are decoded in registers. Results agree with the fp64 reference to float
-// rounding; they are not bit-pinned like the codec bytes.
+// Keys are scored from their codes, up to four query rows at a time (GQA: one
+// decode serves every query head of the group). One-block TurboQuant-MSE
+// keys and values of 2..4 bits, and int-asym values with one group a row,
+// take the integer kernels (ScoreMse16, AccumMse16: int16 centroids, int16
+// queries and tile weights, int32 sums); other TurboQuant rows take the fp32
+// kernels (centroid table in one register on AVX-512: TableLookupLanes).
+// TurboQuant values are accumulated in the value codec's rotated domain
+// (weight · scale · centroid); the driver rotates the sum back once per row.
+// Other integer formats are decoded in registers. Results agree with the fp64
+// reference to NMSE ~1e-7 (integer kernels) or float rounding (the rest);
+// they are not bit-pinned like the codec bytes.
 #if defined(TQ_SRC_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TQ_SRC_CPU_ATTENTION_INL_H_
 #undef TQ_SRC_CPU_ATTENTION_INL_H_
