@@ -883,6 +883,7 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   // (a load right after the unpacking's narrower stores would stall).
   const size_t ulen = z.nch * kN8;
   const bool unpack = !z.nib && !z.vbmi;
+  const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   if (unpack) scr.tile.resize(kL * ulen + 64);
 #if HWY_TARGET == HWY_AVX3_DL
   const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
@@ -903,8 +904,14 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
         hwy::Prefetch(fv + o);
       }
     }
+    if (vec_scales && nt == kL) {  // kL consecutive fp16 scales
+      hn::Store(hn::PromoteTo(df, hn::LoadU(AH(), reinterpret_cast<const hwy::float16_t*>(
+                                                      s.km + t0 * s.km_stride))),
+                df, sc);
+    } else {
+      for (size_t tt = 0; tt < nt; ++tt) sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
+    }
     for (size_t tt = 0; tt < nt; ++tt) {
-      sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
       if (unpack) {
         Unpack(s.k + (t0 + tt) * s.k_stride, plan.dim, plan.mse_bits, scr.tile.data() + tt * ulen,
                plan.index_bytes);
