@@ -723,8 +723,10 @@ TEST(Runner, EveryPresetRunsAndFp16IsClose) {
 // The runner's models have head_dim 8 and 16 (attention_test covers 64+):
 // prefill and decode attention on caches of these dims against the fp64
 // oracle on the cache's own decoded K/V. NMSE bound 1e-6 as in
-// attention_test (measured ~1e-13: fp32 rounding only).
+// attention_test (the worst measured is printed: the integer kernels' int16
+// rounding, or fp32 rounding for the other formats).
 TEST(Runner, AttentionAtModelHeadDimsMatchesOracle) {
+  double worst = 0;
   for (size_t d : {8, 16}) {
     for (const char* preset : {"k16_v4", "k4_v16", "k4_v4", "k3_v3", "k2_v2", "kivi4", "kp4_v4", "q8"}) {
       const size_t T = 150, KH = 4, H = 8;
@@ -754,6 +756,7 @@ TEST(Runner, AttentionAtModelHeadDimsMatchesOracle) {
         den += ref[i] * ref[i];
       }
       EXPECT_LT(num / den, 1e-6) << preset << " d=" << d;
+      worst = std::max(worst, num / den);
       std::vector<float> last(q.end() - static_cast<std::ptrdiff_t>(H * d), q.end()), o1(H * d);
       ASSERT_TRUE(DecodeAttention(std::span<const KVLayerView>(&*view, 1), H, last, o1).ok());
       num = den = 0;
@@ -763,8 +766,10 @@ TEST(Runner, AttentionAtModelHeadDimsMatchesOracle) {
         den += r * r;
       }
       EXPECT_LT(num / den, 1e-6) << preset << " d=" << d << " (decode)";
+      worst = std::max(worst, num / den);
     }
   }
+  std::printf("attention at head_dim 8/16 vs fp64 oracle: worst NMSE %.3g (bound 1e-6)\n", worst);
 }
 
 TEST(Runner, ChunkedPrefillEqualsDecodeForDenseKV) {
