@@ -429,6 +429,12 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
       CheckDecode(f, 8, {}, tname + " " + preset + " plain", &rep);
       EXPECT_NE(rep.kernel.find(tname), std::string::npos)
           << "report.kernel '" << rep.kernel << "' does not name the forced target " << tname;
+      // One-block TurboQuant keys and values (and one-group int-asym values)
+      // take the integer kernels on every target but scalar, and say so.
+      if (preset == "k4_v4" || preset == "k3_v3" || preset == "k2_v2" || preset == "k4_v3") {
+        const bool int16 = rep.kernel.find(" int16 keys+values") != std::string::npos;
+        EXPECT_EQ(int16, tname != "SCALAR") << preset << ": report.kernel '" << rep.kernel << "'";
+      }
       CheckDecode(f, 8, {.softcap = 8.0f, .window = 37, .threads = 2, .split_tokens = 13},
                   tname + " " + preset + " t2 split13 window37 softcap8");
     }

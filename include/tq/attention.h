@@ -57,7 +57,9 @@ struct AttentionReport {
   size_t values_accumulated = 0;  // (query head, token) value accumulations
   size_t values_skipped = 0;    // (query head, token) skipped by sparse_v_threshold
   size_t workspace_bytes = 0;   // largest workspace held at once (all threads)
-  std::string kernel;           // the kernel family that ran, e.g. "AVX3_DL int16"
+  std::string kernel;           // the SIMD target that ran, plus " int16 keys+values"
+                                // (or " int16 keys" / " int16 values") where the
+                                // integer kernels did, e.g. "AVX3_DL int16 keys+values"
 };
 
 // ---------------------------------------------------------------------------

@@ -344,8 +344,11 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
 
   // Merge chunks (log-sum-exp) and finish each row.
   size_t scored = 0, accumulated = 0, skipped = 0;
+  bool int_keys = false, int_values = false;
   for (const Row& r : rows) {
     scored += r.scored;
+    int_keys |= r.int_keys;
+    int_values |= r.int_values;
     accumulated += r.accumulated;
     skipped += r.skipped;
   }
@@ -403,10 +406,17 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
     report->values_skipped = skipped;
     // Row states and accumulators, plus each worker's scratch: logits of a
     // tile for its rows and the fp32 key/value tiles of prefill (64 tokens).
+    // The integer kernels add per row an int16 query and value sums in their
+    // lane order: at most 768 bytes per 64 coordinates (AVX-512).
     report->workspace_bytes =
-        total_rows * (2 * d * sizeof(float) + sizeof(Row) + sizeof(RowPrep) + 3 * d * sizeof(float)) +
+        total_rows * (2 * d * sizeof(float) + sizeof(Row) + sizeof(RowPrep) + 3 * d * sizeof(float) +
+                      768 * ((d + 63) / 64) + 2 * sizeof(float)) +
         std::min(threads, items.size()) * (kMaxRowsPerItem * 64 + 2 * 64 * d) * sizeof(float);
+    // The SIMD target, plus "int16 keys/values" where the integer kernels ran.
     report->kernel = cpu::AttnKernelName();
+    if (int_keys || int_values) {
+      report->kernel += int_keys && int_values ? " int16 keys+values" : int_keys ? " int16 keys" : " int16 values";
+    }
   }
   return Status::Ok();
 }

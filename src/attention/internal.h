@@ -87,6 +87,7 @@ struct Row {
   float* acc = nullptr;         // [d] plain-domain value accumulator
   float* accr = nullptr;        // [d] value-codec rotated-domain accumulator
   size_t scored = 0, accumulated = 0, skipped = 0;
+  bool int_keys = false, int_values = false;  // the integer kernels ran for this row
 };
 
 struct Task {

@@ -884,6 +884,7 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   float qi[NR];
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_keys = true;
     const size_t ri = static_cast<size_t>(rs[r] - task.rows);
     q[r] = scr.q16.data() + ri * len;
     qi[r] = scr.qinv[ri];
@@ -1072,6 +1073,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   bool any = false;
   const hn::Rebind<int16_t, AF> dh;
   for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_values = true;
     priv[r] = scr.priv.data() + static_cast<size_t>(rs[r] - task.rows) * plen;
     HWY_ALIGN float wt[kTile + kL];
     AV mxv = hn::Zero(df);
