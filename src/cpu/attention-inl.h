@@ -405,7 +405,7 @@ HWY_NOINLINE void ScoreDecodedT(const DecodeInfo& info, const attn::Seg& s, size
 }
 
 // Rows ahead that the dense kernels prefetch while streaming K or V: the
-// hardware prefetcher alone left the fp16 stream about 10-15% slower.
+// hardware prefetcher alone left dense fp16 decode 14-20% slower.
 constexpr size_t kDenseAhead = 16;
 
 // Dense rows (fp16, bf16, fp32; d a multiple of kL): two tokens at a time
@@ -810,8 +810,8 @@ HWY_INLINE void Centroids16(const V8& tlo, const V8& thi, const V8& ix, hn::Vec<
   *c1 = hn::BitCast(d16, hn::InterleaveUpper(d8, lo, hi));
 }
 
-// The value codec's plan (nullptr for int-asym values).
-HWY_INLINE const CodecPlan* z_plan(const KeyCtx& ctx) {
+// The component's TurboQuant plan (nullptr for int-asym values).
+HWY_INLINE const CodecPlan* MsePlanOf(const KeyCtx& ctx) {
   return ctx.kc->fmt == Fmt::kMse ? ctx.kc->groups[0].plan : nullptr;
 }
 
@@ -1029,7 +1029,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const B16 d16;
   const B32 d32;
   const attn::Task& task = *vctx.task;
-  const CodecPlan* plan = z_plan(vctx);
+  const CodecPlan* plan = MsePlanOf(vctx);
   const I16Book& z = vctx.i16;
   const size_t plen = z.nvec_v * kN32;
   const size_t n = b - a, npairs = (n + 1) / 2;
@@ -1457,29 +1457,22 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
     for (size_t t = 0; t < n; ++t) sum += w[r][t];
     rs[r]->lc += sum;
   }
+#ifdef TQ_ATTN_I16
+  if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
+    if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
+    return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
+  }
+#endif
   switch (vc.fmt) {
     case Fmt::kMse:
-#ifdef TQ_ATTN_I16
-      if (vctx.i16.on) {
-        if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
-        return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
-      }
-#endif
       if (vc.fast_mse) return AccumMseFast<NR>(vctx, s, a, b, rs, w, scr);
       break;  // below: rotated domain, one row at a time
     case Fmt::kSplit:
       break;
-    case Fmt::kIntAsym:
-#ifdef TQ_ATTN_I16
-      if (vctx.i16.on) {
-        if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
-        return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
-      }
-#endif
-      return AccumDecoded<NR>(MakeInfo(vc.fmt, &vc, nullptr), s, a, b, d, rs, w, scr);
     case Fmt::kF16:
     case Fmt::kBF16:
     case Fmt::kInt8:
+    case Fmt::kIntAsym:
       return AccumDecoded<NR>(MakeInfo(vc.fmt, &vc, nullptr), s, a, b, d, rs, w, scr);
     default:
       return;
@@ -1670,7 +1663,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       }
       if (nact == 0) continue;
       // No bulk prefetch of a tile's rows here (it stalled on full miss
-      // queues and measured 10-15% slower): the kernels prefetch their
+      // queues; dense fp16 measured 9-17% slower with it): the kernels prefetch their
       // streams a fixed distance ahead as they read them.
       // Up to two row groups (GQA 8 decode) read the rows directly, twice;
       // more rows share one decoded fp32 tile. Measured at GQA 8 (64 query
@@ -1745,9 +1738,10 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
             }
 #ifdef TQ_ATTN_I16
             if (priv_len > 0) {
-              float* pv = scr.priv.data() + static_cast<size_t>(&row - task.rows) * priv_len;
+              const size_t ri = static_cast<size_t>(&row - task.rows);
+              float* pv = scr.priv.data() + ri * priv_len;
               for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
-              scr.zsum[static_cast<size_t>(&row - task.rows)] *= corr;
+              scr.zsum[ri] *= corr;
             }
 #endif
           }
@@ -1815,27 +1809,22 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
     }
   }
 #ifdef TQ_ATTN_I16
-  // Integer value sums back into the rows' rotated accumulators (fast-MSE order).
+  // Integer value sums back into the rows' accumulators.
   if (priv_len > 0) {
     for (size_t r = 0; r < task.num_rows; ++r) {
+      // int-asym values: plain domain, natural order, plus the zeros' share;
+      // TurboQuant values: the rotated accumulator in fast-MSE order.
+      const bool plain = vctx.i16.asym;
       const float* pv = scr.priv.data() + r * priv_len;
-      if (vctx.i16.asym) {  // plain domain, natural order
-        float* acc = task.rows[r].acc;
-        for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
-          for (size_t j = 0; j < kN32; ++j) {
-            const size_t x = I16ValCoord(vctx.i16.nib, v, j);
-            if (x < d) acc[x] += pv[v * kN32 + j];
-          }
-        }
-        for (size_t x = 0; x < d; ++x) acc[x] += scr.zsum[r];
-        continue;
-      }
-      float* accr = task.rows[r].accr;
+      float* dst = plain ? task.rows[r].acc : task.rows[r].accr;
       for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
         for (size_t j = 0; j < kN32; ++j) {
           const size_t x = I16ValCoord(vctx.i16.nib, v, j);
-          if (x < d) accr[FastPos(x, d)] += pv[v * kN32 + j];
+          if (x < d) dst[plain ? x : FastPos(x, d)] += pv[v * kN32 + j];
         }
+      }
+      if (plain) {
+        for (size_t x = 0; x < d; ++x) dst[x] += scr.zsum[r];
       }
     }
   }
