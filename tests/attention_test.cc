@@ -429,8 +429,8 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
       CheckDecode(f, 8, {}, tname + " " + preset + " plain", &rep);
       EXPECT_NE(rep.kernel.find(tname), std::string::npos)
           << "report.kernel '" << rep.kernel << "' does not name the forced target " << tname;
-      // One-block TurboQuant keys and values (and one-group int-asym values)
-      // take the integer kernels on every target but scalar, and say so.
+      // One-block TurboQuant-MSE keys and values take the integer kernels on
+      // every target but scalar, and the report says so.
       if (preset == "k4_v4" || preset == "k3_v3" || preset == "k2_v2" || preset == "k4_v3") {
         const bool int16 = rep.kernel.find(" int16 keys+values") != std::string::npos;
         EXPECT_EQ(int16, tname != "SCALAR") << preset << ": report.kernel '" << rep.kernel << "'";
