@@ -131,6 +131,29 @@ __device__ __forceinline__ uint32_t Field(const uint32_t (&w)[NW], int o, int n)
   return v & ((1u << n) - 1u);
 }
 
+// One pair-table lookup: the n-bit field at bit o of the word array (o, n
+// compile-time after unrolling) selects entry e of a table replicated per
+// lane (word e * 32 + lane, so every lane reads its own bank). The shared
+// address is tab + (e << 7) + lane4. When the table is aligned to its own
+// size (kAligned), tab + lane4 is one register `base` and the address is
+// one shift (or funnel shift) and one LOP3 ((x & mask) | base): three
+// instructions per lookup with the load; otherwise an add follows.
+template <bool kAligned, int NW>
+__device__ __forceinline__ uint32_t Lut(uint32_t base, uint32_t lane4, const uint32_t (&w)[NW], int o, int n) {
+  const int wi = o >> 5, sh = o & 31;
+  uint32_t x;
+  if (sh + n <= 32) {
+    x = sh >= 7 ? (w[wi] >> (sh - 7)) : (w[wi] << (7 - sh));
+  } else {
+    x = __funnelshift_r(w[wi], w[wi + 1], sh - 7);  // sh > 32 - n >= 24
+  }
+  const uint32_t m = ((1u << n) - 1u) << 7;
+  const uint32_t a = kAligned ? ((x & m) | base) : (((x & m) | lane4) + base);
+  uint32_t r;
+  asm("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a));
+  return r;
+}
+
 template <int VC>
 struct VInfo {
   static constexpr bool kTq = VC <= kVTq4;
@@ -151,7 +174,18 @@ struct Cfg {
   static constexpr bool kShareLut = kKTq && kVTq && kVB == KB;
   static constexpr int kLutWords = kKLut + (kShareLut ? 0 : kVLut);
   static constexpr int kMergeWords = kNw * 8 * D + 2 * kNw * 8;
-  static constexpr int kSmemWords = kLutWords > kMergeWords ? kLutWords : kMergeWords;
+  static constexpr int kTabWords = kLutWords > 0 ? kLutWords : 4;  // static array, never empty
+  // Lookups save an add when a table is aligned to its size (Lut). The
+  // static array is aligned so when every table is at most 8 KiB (2- and
+  // 3-bit codes): more would cost up to 32 KiB of padding a CTA.
+  static constexpr int kTabAlign = kLutWords * 4 <= 8192 && kLutWords > 0 ? kLutWords * 4 >= 8192 ? 8192 : 2048 : 16;
+  static constexpr int kVOff = kShareLut ? 0 : kKLut;  // word offset of the value table
+  static constexpr bool kKAligned = kKLut * 4 <= kTabAlign;
+  // Staged kernel: CTAs a SM the register allocation aims at (5 = at most
+  // 102 registers a thread). Only where ptxas fits that without spills
+  // (head_dim 64; head_dim 128 with 2/3-bit keys and values up to 4 bits).
+  static constexpr int kMinCtas = D == 64 || (D == 128 && KB <= 3 && VC <= kVInt4) ? 5 : 1;
+  static constexpr bool kVAligned = kVLut * 4 <= kTabAlign && (kVOff * 4) % (kVLut > 0 ? kVLut * 4 : 1) == 0;
 };
 
 struct TileRaw {
@@ -220,9 +254,10 @@ struct WarpState {
 // One tile of 16 tokens starting at tb (rows already loaded into `cur`).
 template <int D, int KB, int VC>
 __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
-                                            int t, const uint32_t* kl, const uint32_t* vl,
+                                            int t, uint32_t kl, uint32_t vl,
                                             const uint32_t (&qf)[D / 8], WarpState<D>& ws, int kbound) {
   using C = Cfg<D, KB, VC>;
+  const uint32_t lane4 = static_cast<uint32_t>(4 * (4 * g + t));
   // Scores: S^T[token][head], tokens g and g+8, heads 2t and 2t+1.
   // Two accumulators (even and odd chunks) halve the chain of dependent mma.
   float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
@@ -230,10 +265,10 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
   for (int c = 0; c < C::kChunks; ++c) {
     uint32_t p00, p10, p01, p11;
     if constexpr (C::kKTq) {
-      p00 = kl[Field(cur.k[0].w, (2 * c) * 2 * KB, 2 * KB) * 32];
-      p10 = kl[Field(cur.k[1].w, (2 * c) * 2 * KB, 2 * KB) * 32];
-      p01 = kl[Field(cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
-      p11 = kl[Field(cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB) * 32];
+      p00 = Lut<C::kKAligned>(kl, lane4, cur.k[0].w, (2 * c) * 2 * KB, 2 * KB);
+      p10 = Lut<C::kKAligned>(kl, lane4, cur.k[1].w, (2 * c) * 2 * KB, 2 * KB);
+      p01 = Lut<C::kKAligned>(kl, lane4, cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB);
+      p11 = Lut<C::kKAligned>(kl, lane4, cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB);
     } else {
       // int8-sym: channels 4c..4c+3 of the thread; scale by group.
       auto dec = [&](int r, int p) {
@@ -263,6 +298,7 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
 
   float p[4];
   float alpha[2];
+  bool moved = false;  // a running max of this thread's heads changed
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     float mt = fmaxf(sc[j], sc[j + 2]);
@@ -275,14 +311,20 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
     p[j] = Exp2(sc[j] - mu);
     p[j + 2] = Exp2(sc[j + 2] - mu);
     ws.l[j] = ws.l[j] * alpha[j] + p[j] + p[j + 2];
+    moved |= mn != ws.m[j];
     ws.m[j] = mn;
   }
+  // Past the first tiles the running maxima rarely move: the accumulators
+  // are rescaled only when one of the warp's did (alpha = 1 otherwise; a
+  // max that stays -inf has nothing accumulated).
+  if (__any_sync(kFull, moved)) {
 #pragma unroll
-  for (int i = 0; i < C::kChunks; ++i) {
-    ws.acc[i][0] *= alpha[0];
-    ws.acc[i][1] *= alpha[1];
-    ws.acc[i][2] *= alpha[0];
-    ws.acc[i][3] *= alpha[1];
+    for (int i = 0; i < C::kChunks; ++i) {
+      ws.acc[i][0] *= alpha[0];
+      ws.acc[i][1] *= alpha[1];
+      ws.acc[i][2] *= alpha[0];
+      ws.acc[i][3] *= alpha[1];
+    }
   }
   uint32_t pb0, pb1;
   if constexpr (C::kVTq) {
@@ -313,10 +355,10 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
     uint32_t a0, a1, a2, a3;
     if constexpr (C::kVTq) {
       constexpr int VB = C::kVB;
-      const uint32_t pa = vl[Field(cur.v[0].w, i * 2 * VB, 2 * VB) * 32];
-      const uint32_t pbv = vl[Field(cur.v[1].w, i * 2 * VB, 2 * VB) * 32];
-      const uint32_t pc = vl[Field(cur.v[2].w, i * 2 * VB, 2 * VB) * 32];
-      const uint32_t pd = vl[Field(cur.v[3].w, i * 2 * VB, 2 * VB) * 32];
+      const uint32_t pa = Lut<C::kVAligned>(vl, lane4, cur.v[0].w, i * 2 * VB, 2 * VB);
+      const uint32_t pbv = Lut<C::kVAligned>(vl, lane4, cur.v[1].w, i * 2 * VB, 2 * VB);
+      const uint32_t pc = Lut<C::kVAligned>(vl, lane4, cur.v[2].w, i * 2 * VB, 2 * VB);
+      const uint32_t pd = Lut<C::kVAligned>(vl, lane4, cur.v[3].w, i * 2 * VB, 2 * VB);
       a0 = __byte_perm(pa, pbv, 0x5410);
       a1 = __byte_perm(pa, pbv, 0x7632);
       a2 = __byte_perm(pc, pd, 0x5410);
@@ -394,7 +436,7 @@ __device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, cons
     ws.l[j] += __shfl_xor_sync(kFull, ws.l[j], 8);
     ws.l[j] += __shfl_xor_sync(kFull, ws.l[j], 16);
   }
-  __syncthreads();  // the tables and stages are no longer read
+  __syncthreads();  // the stages are no longer read
   float* so = reinterpret_cast<float*>(smem);  // [kNw][8][D]
   float* sm = so + kNw * 8 * D;                 // [kNw][8] max, then [kNw][8] sum
   float* sl = sm + kNw * 8;
@@ -476,8 +518,11 @@ __global__ void __launch_bounds__(kNw * 32)
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  uint32_t* klut = smem;
-  uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
+  // The pair tables are a static array: lookups address them as
+  // [register + immediate], with no add of a dynamic base.
+  __shared__ __align__(C::kTabAlign) uint32_t tabs[C::kTabWords];
+  uint32_t* klut = tabs;
+  uint32_t* vlut = C::kShareLut ? tabs : tabs + C::kKLut;
   BuildTables<D, KB, VC>(L, klut, vlut);
   __syncthreads();
 
@@ -490,8 +535,9 @@ __global__ void __launch_bounds__(kNw * 32)
   const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
   WarpState<D> ws;
   InitState<D>(ws);
-  const uint32_t* kl = klut + lane;
-  const uint32_t* vl = vlut + lane;
+  const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
+  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + (C::kKAligned ? lane4 : 0u);
+  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + (C::kVAligned ? lane4 : 0u);
   int tb = sp.first;
   Raw<D, KB, VC> cur, nxt;
   if (tb < t1) LoadTile<D, KB, VC>(L, bt, h, tb, len, g, t, cur);
@@ -533,23 +579,34 @@ struct Stage {
   static constexpr int kStages = D >= 256 ? 2 : 4;
 };
 
+// The row of the tile's first token (block_size a multiple of 16: the
+// tile lies in one page).
+__device__ __forceinline__ long long TileRow(const Layer& L, int page, int h, int tb) {
+  return (static_cast<long long>(page) * L.H + h) * L.block_size + (tb & (L.block_size - 1));
+}
+
+// Copies one tile (rows row0 .. row0 + 15 of every plane) into stage st:
+// lane copies the 16-byte chunks lane + 32 j of each plane. The code planes'
+// chunk counts are compile-time; the metadata planes take one pass (at most
+// 32 chunks each).
 template <int D, int KB, int VC>
-__device__ __forceinline__ void IssueTile(const Layer& L, const int32_t* bt, int h, int tb, uint8_t* st, int lane) {
+__device__ __forceinline__ void IssueTile(const Layer& L, long long row0, uint8_t* st, int lane) {
   using S = Stage<D, KB, VC>;
-  const long long page = bt[tb >> L.log2_block];
-  const long long row0 = (page * L.H + h) * L.block_size + (tb & (L.block_size - 1));
-  const int vm = L.v.meta_bytes;  // <= S::kVM
-  const int km = L.k.meta_bytes;  // <= S::kKM
-  const uint8_t* src[4] = {L.k.codes + row0 * S::kKS, L.v.codes + row0 * S::kVS, L.k.meta + row0 * km,
-                           L.v.meta + row0 * vm};
-  const int n[4] = {S::kKS, S::kVS, km, vm};  // 16-byte chunks per segment (16 rows)
-  const int off[4] = {S::kKOff, S::kVOff, S::kKMOff, S::kVMOff};
-  int c = lane;
+  static_assert(S::kKM <= 32 && S::kVM <= 32, "metadata of a tile in one pass");
+  const uint8_t* kc = L.k.codes + row0 * S::kKS + 16 * lane;
+  const uint8_t* vc = L.v.codes + row0 * S::kVS + 16 * lane;
+  uint8_t* d = st + 16 * lane;
 #pragma unroll
-  for (int seg = 0; seg < 4; ++seg) {
-    for (; c < n[seg]; c += 32) CpAsync16(st + off[seg] + 16 * c, src[seg] + 16 * c);
-    c -= n[seg];
+  for (int j = 0; j < (S::kKS + 31) / 32; ++j) {
+    if (S::kKS % 32 == 0 || lane + 32 * j < S::kKS) CpAsync16(d + S::kKOff + 512 * j, kc + 512 * j);
   }
+#pragma unroll
+  for (int j = 0; j < (S::kVS + 31) / 32; ++j) {
+    if (S::kVS % 32 == 0 || lane + 32 * j < S::kVS) CpAsync16(d + S::kVOff + 512 * j, vc + 512 * j);
+  }
+  const int km = L.k.meta_bytes, vm = L.v.meta_bytes;  // chunks of a tile (<= S::kKM, S::kVM)
+  if (lane < km) CpAsync16(d + S::kKMOff, L.k.meta + row0 * km + 16 * lane);
+  if (lane < vm) CpAsync16(d + S::kVMOff, L.v.meta + row0 * vm + 16 * lane);
 }
 
 template <int D, int KB, int VC>
@@ -583,7 +640,7 @@ __device__ __forceinline__ void ReadTile(const Layer& L, const uint8_t* st, int 
 }
 
 template <int D, int KB, int VC>
-__global__ void __launch_bounds__(kNw * 32)
+__global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
     DecodeKernelStaged(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
                        const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
                        float* __restrict__ opart, float* __restrict__ ml) {
@@ -594,20 +651,25 @@ __global__ void __launch_bounds__(kNw * 32)
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  uint32_t* klut = smem;
-  uint32_t* vlut = C::kShareLut ? smem : smem + C::kKLut;
-  uint8_t* stages = reinterpret_cast<uint8_t*>(smem + C::kLutWords) + warp * NS * S::kBytes;
+  __shared__ __align__(C::kTabAlign) uint32_t tabs[C::kTabWords];  // as in DecodeKernel
+  uint32_t* klut = tabs;
+  uint32_t* vlut = C::kShareLut ? tabs : tabs + C::kKLut;
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem) + warp * NS * S::kBytes;
 
   const SplitSpan sp = SpanOf(s, block_tables, seq_lens, b, split, warp);
   const int len = sp.len, start = sp.start, t1 = sp.t1, first = sp.first;
   const int32_t* bt = sp.bt;
   // This warp's tiles: tb_k = first + k * 16 * kNw, k = 0 .. n-1.
   const int n = first < t1 ? (t1 - first + 16 * kNw - 1) / (16 * kNw) : 0;
+  // Tile k's page: bt[tb_k >> log2_block]; the page of the next tile to
+  // issue is loaded one iteration ahead, so its latency hides behind a tile.
+  auto page_of = [&](int k) { return __ldg(bt + ((first + 16 * kNw * k) >> L.log2_block)); };
 #pragma unroll
   for (int k = 0; k < NS - 1; ++k) {
-    if (k < n) IssueTile<D, KB, VC>(L, bt, h, first + 16 * kNw * k, stages + k * S::kBytes, lane);
+    if (k < n) IssueTile<D, KB, VC>(L, TileRow(L, page_of(k), h, first + 16 * kNw * k), stages + k * S::kBytes, lane);
     CpCommit();
   }
+  int next_page = NS - 1 < n ? page_of(NS - 1) : 0;
   BuildTables<D, KB, VC>(L, klut, vlut);
   uint32_t qf[D / 8];
   LoadQuery<D>(s, qrot, b, h, g, t, qf);
@@ -616,11 +678,15 @@ __global__ void __launch_bounds__(kNw * 32)
   __syncthreads();
   WarpState<D> ws;
   InitState<D>(ws);
-  const uint32_t* kl = klut + lane;
-  const uint32_t* vl = vlut + lane;
+  const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
+  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + (C::kKAligned ? lane4 : 0u);
+  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + (C::kVAligned ? lane4 : 0u);
   for (int k = 0; k < n; ++k) {
     const int kn = k + NS - 1;
-    if (kn < n) IssueTile<D, KB, VC>(L, bt, h, first + 16 * kNw * kn, stages + (kn % NS) * S::kBytes, lane);
+    if (kn < n) {
+      IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
+      if (kn + 1 < n) next_page = page_of(kn + 1);
+    }
     CpCommit();
     CpWait<NS - 1>();
     __syncwarp();
@@ -733,7 +799,7 @@ int ValueCase(const Layer& L) {
 
 
 // The decode kernel instance of a layer and its dynamic shared memory (the
-// opt-in above 48 KiB is set here, once per call: it is idempotent).
+// opt-in is set here, once per call: it is idempotent).
 template <int D, int KB, int VC>
 cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, const int32_t*,
                                                            const int32_t*, const __half*, float*,
@@ -742,14 +808,13 @@ cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, 
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
   const bool staged = L.block_size % 16 == 0;
-  const size_t staged_bytes = static_cast<size_t>(C::kLutWords) * 4 + static_cast<size_t>(kNw) * S::kStages * S::kBytes;
-  *smem = std::max(static_cast<size_t>(C::kSmemWords) * 4, staged ? staged_bytes : size_t{0});
+  // Dynamic: the stage ring (staged path) and the warps' merge area; the
+  // pair tables are static (C::kTabWords).
+  const size_t staged_bytes = static_cast<size_t>(kNw) * S::kStages * S::kBytes;
+  *smem = std::max(static_cast<size_t>(C::kMergeWords) * 4, staged ? staged_bytes : size_t{0});
   *kernel = staged ? DecodeKernelStaged<D, KB, VC> : DecodeKernel<D, KB, VC>;
-  if (*smem > 48 * 1024) {
-    return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(*smem));
-  }
-  return cudaSuccess;
+  // Always set: the default limit is 48 KiB minus the static tables.
+  return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*smem));
 }
 
 template <int D, int KB, int VC>
