@@ -176,8 +176,8 @@ struct Cfg {
   static constexpr int kMergeWords = kNw * 8 * D + 2 * kNw * 8;
   static constexpr int kTabWords = kLutWords > 0 ? kLutWords : 4;  // static array, never empty
   // Lookups save an add when a table is aligned to its size (Lut). The
-  // static array is aligned so when every table is at most 8 KiB (2- and
-  // 3-bit codes): more would cost up to 32 KiB of padding a CTA.
+  // tables are aligned so (Tables) when together they take at most 8 KiB
+  // (2- and 3-bit codes); more would cost up to 32 KiB of padding a CTA.
   static constexpr int kTabAlign = kLutWords * 4 <= 8192 && kLutWords > 0 ? kLutWords * 4 >= 8192 ? 8192 : 2048 : 16;
   static constexpr int kVOff = kShareLut ? 0 : kKLut;  // word offset of the value table
   static constexpr bool kKAligned = kKLut * 4 <= kTabAlign;
@@ -409,6 +409,24 @@ __device__ __forceinline__ void InitState(WarpState<D>& ws) {
   ws.l[0] = ws.l[1] = 0.f;
 }
 
+// The pair tables: a static array, used from the next multiple of
+// C::kTabAlign in the shared window (Lut's aligned addressing). The
+// window's user part begins at 0x400 (sm_90 reserves the first KiB) and
+// ptxas does not align static arrays beyond that, so the array has
+// kTabAlign bytes of slack and the start is rounded up at run time.
+template <typename C>
+__device__ __forceinline__ uint32_t* Tables() {
+  constexpr int kSlack = C::kTabAlign > 16 ? C::kTabAlign / 4 : 0;
+  __shared__ __align__(16) uint32_t tabs[C::kTabWords + kSlack];
+  if constexpr (kSlack == 0) {
+    return tabs;
+  } else {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(tabs));
+    const uint32_t pad = (C::kTabAlign - (a & (C::kTabAlign - 1))) & (C::kTabAlign - 1);
+    return tabs + pad / 4;
+  }
+}
+
 // Fills the pair tables, replicated per lane: word (e * 32 + lane).
 template <int D, int KB, int VC>
 __device__ __forceinline__ void BuildTables(const Layer& L, uint32_t* klut, uint32_t* vlut) {
@@ -518,11 +536,8 @@ __global__ void __launch_bounds__(kNw * 32)
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // The pair tables are a static array: lookups address them as
-  // [register + immediate], with no add of a dynamic base.
-  __shared__ __align__(C::kTabAlign) uint32_t tabs[C::kTabWords];
-  uint32_t* klut = tabs;
-  uint32_t* vlut = C::kShareLut ? tabs : tabs + C::kKLut;
+  uint32_t* klut = Tables<C>();
+  uint32_t* vlut = C::kShareLut ? klut : klut + C::kKLut;
   BuildTables<D, KB, VC>(L, klut, vlut);
   __syncthreads();
 
@@ -651,9 +666,8 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  __shared__ __align__(C::kTabAlign) uint32_t tabs[C::kTabWords];  // as in DecodeKernel
-  uint32_t* klut = tabs;
-  uint32_t* vlut = C::kShareLut ? tabs : tabs + C::kKLut;
+  uint32_t* klut = Tables<C>();
+  uint32_t* vlut = C::kShareLut ? klut : klut + C::kKLut;
   uint8_t* stages = reinterpret_cast<uint8_t*>(smem) + warp * NS * S::kBytes;
 
   const SplitSpan sp = SpanOf(s, block_tables, seq_lens, b, split, warp);
