@@ -1360,7 +1360,9 @@ template <size_t NR>
 HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
                              size_t d, attn::Row* const* rs, float* const* w, AScratch& scr) {
 #if HWY_TARGET != HWY_SCALAR
-  if (d % kL == 0 && !s.compressed) {
+  // Dense formats read the same whether the segment is dense or the cache's
+  // compressed part (k16/bf16/f32 presets): rows in order, as the keys do.
+  if (d % kL == 0) {
     switch (info.fmt) {
       case Fmt::kF16: return AccumDenseRows<Fmt::kF16, NR>(s, a, b, d, rs, w);
       case Fmt::kBF16: return AccumDenseRows<Fmt::kBF16, NR>(s, a, b, d, rs, w);
