@@ -133,22 +133,31 @@ __device__ __forceinline__ uint32_t Field(const uint32_t (&w)[NW], int o, int n)
 
 // One pair-table lookup: the n-bit field at bit o of the word array (o, n
 // compile-time after unrolling) selects entry e of a table replicated per
-// lane (word e * 32 + lane, so every lane reads its own bank). The shared
-// address is tab + (e << 7) + lane4. When the table is aligned to its own
-// size (kAligned), tab + lane4 is one register `base` and the address is
-// one shift (or funnel shift) and one LOP3 ((x & mask) | base): three
-// instructions per lookup with the load; otherwise an add follows.
+// lane (word e * 32 + lane, so every lane reads its own bank). `base` is the
+// shared address of the table plus 4 * lane; the entry is at base + (e << 7).
+//  - Table aligned to its size (kAligned): (x & mask) | base, where x is the
+//    word shifted so the field starts at bit 7 (one shift or funnel shift,
+//    one LOP3).
+//  - Byte fields (4-bit codes): one PRMT takes the byte to bits 0-7, one LEA
+//    shifts it and adds the base.
+//  - Otherwise: shift, mask, add.
+// With the load, three instructions per lookup in the first two cases.
 template <bool kAligned, int NW>
-__device__ __forceinline__ uint32_t Lut(uint32_t base, uint32_t lane4, const uint32_t (&w)[NW], int o, int n) {
+__device__ __forceinline__ uint32_t Lut(uint32_t base, const uint32_t (&w)[NW], int o, int n) {
   const int wi = o >> 5, sh = o & 31;
-  uint32_t x;
-  if (sh + n <= 32) {
-    x = sh >= 7 ? (w[wi] >> (sh - 7)) : (w[wi] << (7 - sh));
+  uint32_t a;
+  if (!kAligned && n == 8 && sh % 8 == 0) {
+    a = (__byte_perm(w[wi], 0u, 0x4440u + static_cast<unsigned>(sh / 8)) << 7) + base;
   } else {
-    x = __funnelshift_r(w[wi], w[wi + 1], sh - 7);  // sh > 32 - n >= 24
+    uint32_t x;
+    if (sh + n <= 32) {
+      x = sh >= 7 ? (w[wi] >> (sh - 7)) : (w[wi] << (7 - sh));
+    } else {
+      x = __funnelshift_r(w[wi], w[wi + 1], sh - 7);  // sh > 32 - n >= 24
+    }
+    const uint32_t m = ((1u << n) - 1u) << 7;
+    a = kAligned ? ((x & m) | base) : ((x & m) + base);
   }
-  const uint32_t m = ((1u << n) - 1u) << 7;
-  const uint32_t a = kAligned ? ((x & m) | base) : (((x & m) | lane4) + base);
   uint32_t r;
   asm("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(a));
   return r;
@@ -253,22 +262,23 @@ struct WarpState {
 
 // One tile of 16 tokens starting at tb (rows already loaded into `cur`).
 template <int D, int KB, int VC>
-__device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
-                                            int t, uint32_t kl, uint32_t vl,
-                                            const uint32_t (&qf)[D / 8], WarpState<D>& ws, int kbound) {
+__device__ __forceinline__ void ScoreTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
+                                          uint32_t kl, const uint32_t (&qf)[D / 8], int kbound,
+                                          float (&sc)[4]) {
   using C = Cfg<D, KB, VC>;
-  const uint32_t lane4 = static_cast<uint32_t>(4 * (4 * g + t));
   // Scores: S^T[token][head], tokens g and g+8, heads 2t and 2t+1.
   // Two accumulators (even and odd chunks) halve the chain of dependent mma.
-  float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
+  float sd[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sc[i] = 0.f;
 #pragma unroll
   for (int c = 0; c < C::kChunks; ++c) {
     uint32_t p00, p10, p01, p11;
     if constexpr (C::kKTq) {
-      p00 = Lut<C::kKAligned>(kl, lane4, cur.k[0].w, (2 * c) * 2 * KB, 2 * KB);
-      p10 = Lut<C::kKAligned>(kl, lane4, cur.k[1].w, (2 * c) * 2 * KB, 2 * KB);
-      p01 = Lut<C::kKAligned>(kl, lane4, cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB);
-      p11 = Lut<C::kKAligned>(kl, lane4, cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB);
+      p00 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c) * 2 * KB, 2 * KB);
+      p10 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c) * 2 * KB, 2 * KB);
+      p01 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB);
+      p11 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB);
     } else {
       // int8-sym: channels 4c..4c+3 of the thread; scale by group.
       auto dec = [&](int r, int p) {
@@ -295,7 +305,16 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
   sc[1] = in0 ? sc[1] * ks0 : -INFINITY;
   sc[2] = in1 ? sc[2] * ks1 : -INFINITY;
   sc[3] = in1 ? sc[3] * ks1 : -INFINITY;
+}
 
+// Softmax and value update of one tile of 16 tokens starting at tb, from
+// its scores (ScoreTile) and its value rows (`cur`).
+template <int D, int KB, int VC>
+__device__ __forceinline__ void UpdateTile(const Raw<D, KB, VC>& cur, const float (&sc)[4], int tb, int start,
+                                           int len, int g, int t, uint32_t vl, WarpState<D>& ws) {
+  using C = Cfg<D, KB, VC>;
+  const int k0 = tb + g, k1 = tb + g + 8;
+  const bool in0 = k0 >= start && k0 < len, in1 = k1 >= start && k1 < len;
   float p[4];
   float alpha[2];
   bool moved = false;  // a running max of this thread's heads changed
@@ -355,10 +374,10 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
     uint32_t a0, a1, a2, a3;
     if constexpr (C::kVTq) {
       constexpr int VB = C::kVB;
-      const uint32_t pa = Lut<C::kVAligned>(vl, lane4, cur.v[0].w, i * 2 * VB, 2 * VB);
-      const uint32_t pbv = Lut<C::kVAligned>(vl, lane4, cur.v[1].w, i * 2 * VB, 2 * VB);
-      const uint32_t pc = Lut<C::kVAligned>(vl, lane4, cur.v[2].w, i * 2 * VB, 2 * VB);
-      const uint32_t pd = Lut<C::kVAligned>(vl, lane4, cur.v[3].w, i * 2 * VB, 2 * VB);
+      const uint32_t pa = Lut<C::kVAligned>(vl, cur.v[0].w, i * 2 * VB, 2 * VB);
+      const uint32_t pbv = Lut<C::kVAligned>(vl, cur.v[1].w, i * 2 * VB, 2 * VB);
+      const uint32_t pc = Lut<C::kVAligned>(vl, cur.v[2].w, i * 2 * VB, 2 * VB);
+      const uint32_t pd = Lut<C::kVAligned>(vl, cur.v[3].w, i * 2 * VB, 2 * VB);
       a0 = __byte_perm(pa, pbv, 0x5410);
       a1 = __byte_perm(pa, pbv, 0x7632);
       a2 = __byte_perm(pc, pd, 0x5410);
@@ -378,6 +397,15 @@ __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, i
     }
     Mma(ws.acc[i], a0, a1, a2, a3, pb0, pb1);
   }
+}
+
+template <int D, int KB, int VC>
+__device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
+                                            int t, uint32_t kl, uint32_t vl, const uint32_t (&qf)[D / 8],
+                                            WarpState<D>& ws, int kbound) {
+  float sc[4];
+  ScoreTile<D, KB, VC>(cur, tb, start, len, g, kl, qf, kbound, sc);
+  UpdateTile<D, KB, VC>(cur, sc, tb, start, len, g, t, vl, ws);
 }
 
 // Loads the query fragments: head g of the group, channels [t*D/4, (t+1)*D/4).
@@ -551,8 +579,8 @@ __global__ void __launch_bounds__(kNw * 32)
   WarpState<D> ws;
   InitState<D>(ws);
   const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
-  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + (C::kKAligned ? lane4 : 0u);
-  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + (C::kVAligned ? lane4 : 0u);
+  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + lane4;
+  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + lane4;
   int tb = sp.first;
   Raw<D, KB, VC> cur, nxt;
   if (tb < t1) LoadTile<D, KB, VC>(L, bt, h, tb, len, g, t, cur);
@@ -591,7 +619,10 @@ struct Stage {
   static constexpr int kKMOff = kVOff + 16 * kVS;
   static constexpr int kVMOff = kKMOff + 16 * kKM;
   static constexpr int kBytes = (kVMOff + 16 * kVM + 15) / 16 * 16;
-  static constexpr int kStages = D >= 256 ? 2 : 4;
+  // 4-bit keys: their 32 KiB table leaves room for 3 CTAs a SM with 4
+  // stages, 4 CTAs with 2; 2 stages measured 3-4% faster for k4_v4 at
+  // B = 16/32, N = 32K and the same for k4_v3 (H200, BENCHMARKS run 5).
+  static constexpr int kStages = D >= 256 || KB == 4 ? 2 : 4;
 };
 
 // The row of the tile's first token (block_size a multiple of 16: the
@@ -624,8 +655,11 @@ __device__ __forceinline__ void IssueTile(const Layer& L, long long row0, uint8_
   if (lane < vm) CpAsync16(d + S::kVMOff, L.v.meta + row0 * vm + 16 * lane);
 }
 
+// A tile's fragments from its stage: the key part (codes and scales) and
+// the value part (codes, scales or scale/zero pairs) separately, so the
+// pipelined loop can read them at different times.
 template <int D, int KB, int VC>
-__device__ __forceinline__ void ReadTile(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
+__device__ __forceinline__ void ReadTileK(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
 #pragma unroll
@@ -639,8 +673,17 @@ __device__ __forceinline__ void ReadTile(const Layer& L, const uint8_t* st, int 
       const int c0 = t * (D / 4);
       r.kss[i] = static_cast<uint32_t>(m[c0 / L.k.group]) | (static_cast<uint32_t>(m[(c0 + D / 4 - 1) / L.k.group]) << 16);
     }
-    if constexpr (C::kVTq) {
-      r.vs[i] = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(st + S::kVMOff + 2 * row)));
+  }
+}
+
+template <int D, int KB, int VC>
+__device__ __forceinline__ void ReadTileV(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
+  using C = Cfg<D, KB, VC>;
+  using S = Stage<D, KB, VC>;
+  if constexpr (C::kVTq) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      r.vs[i] = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(st + S::kVMOff + 2 * (g + 8 * i))));
     }
   }
 #pragma unroll
@@ -693,21 +736,60 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
   WarpState<D> ws;
   InitState<D>(ws);
   const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
-  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + (C::kKAligned ? lane4 : 0u);
-  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + (C::kVAligned ? lane4 : 0u);
-  for (int k = 0; k < n; ++k) {
-    const int kn = k + NS - 1;
-    if (kn < n) {
-      IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
-      if (kn + 1 < n) next_page = page_of(kn + 1);
+  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + lane4;
+  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + lane4;
+  if constexpr (NS >= 3) {
+    // Software-pipelined: iteration k scores tile k + 1 (its stage has
+    // landed: NS - 2 tiles stay in flight) before the softmax and value
+    // update of tile k, so the two dependency chains interleave. (The
+    // profile of the plain loop: 6 cycles per issued instruction with 5
+    // warps a scheduler, i.e. latency-bound.)
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (n > 0) {
+      CpWait<NS - 2>();
+      __syncwarp();
+      Raw<D, KB, VC> r0;
+      ReadTileK<D, KB, VC>(L, stages, g, t, r0);
+      ScoreTile<D, KB, VC>(r0, first, start, len, g, kl, qf, kbound, sc);
     }
-    CpCommit();
-    CpWait<NS - 1>();
-    __syncwarp();
-    Raw<D, KB, VC> cur;
-    ReadTile<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
-    __syncwarp();  // the stage is refilled by the next iteration's copies
-    ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
+    for (int k = 0; k < n; ++k) {
+      const int kn = k + NS - 1;
+      __syncwarp();  // stage (k - 1) % NS was read by every lane (last iteration)
+      if (kn < n) {
+        IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
+        if (kn + 1 < n) next_page = page_of(kn + 1);
+      }
+      CpCommit();
+      CpWait<NS - 2>();  // tiles up to k + 1 have landed
+      __syncwarp();
+      float scn[4] = {0.f, 0.f, 0.f, 0.f};
+      if (k + 1 < n) {
+        Raw<D, KB, VC> rn;
+        ReadTileK<D, KB, VC>(L, stages + ((k + 1) % NS) * S::kBytes, g, t, rn);
+        ScoreTile<D, KB, VC>(rn, first + 16 * kNw * (k + 1), start, len, g, kl, qf, kbound, scn);
+      }
+      Raw<D, KB, VC> cur;
+      ReadTileV<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+      UpdateTile<D, KB, VC>(cur, sc, first + 16 * kNw * k, start, len, g, t, vl, ws);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[i] = scn[i];
+    }
+  } else {
+    for (int k = 0; k < n; ++k) {
+      const int kn = k + NS - 1;
+      if (kn < n) {
+        IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
+        if (kn + 1 < n) next_page = page_of(kn + 1);
+      }
+      CpCommit();
+      CpWait<NS - 1>();
+      __syncwarp();
+      Raw<D, KB, VC> cur;
+      ReadTileK<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+      ReadTileV<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+      __syncwarp();  // the stage is refilled by the next iteration's copies
+      ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
+    }
   }
   CpWait<0>();
   FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
