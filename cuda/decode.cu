@@ -656,8 +656,7 @@ __device__ __forceinline__ void IssueTile(const Layer& L, long long row0, uint8_
 }
 
 // A tile's fragments from its stage: the key part (codes and scales) and
-// the value part (codes, scales or scale/zero pairs) separately, so the
-// pipelined loop can read them at different times.
+// the value part (codes, scales or scale/zero pairs).
 template <int D, int KB, int VC>
 __device__ __forceinline__ void ReadTileK(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
   using C = Cfg<D, KB, VC>;
@@ -738,58 +737,20 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
   const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
   const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + lane4;
   const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + lane4;
-  if constexpr (NS >= 3) {
-    // Software-pipelined: iteration k scores tile k + 1 (its stage has
-    // landed: NS - 2 tiles stay in flight) before the softmax and value
-    // update of tile k, so the two dependency chains interleave. (The
-    // profile of the plain loop: 6 cycles per issued instruction with 5
-    // warps a scheduler, i.e. latency-bound.)
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (n > 0) {
-      CpWait<NS - 2>();
-      __syncwarp();
-      Raw<D, KB, VC> r0;
-      ReadTileK<D, KB, VC>(L, stages, g, t, r0);
-      ScoreTile<D, KB, VC>(r0, first, start, len, g, kl, qf, kbound, sc);
+  for (int k = 0; k < n; ++k) {
+    const int kn = k + NS - 1;
+    if (kn < n) {
+      IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
+      if (kn + 1 < n) next_page = page_of(kn + 1);
     }
-    for (int k = 0; k < n; ++k) {
-      const int kn = k + NS - 1;
-      __syncwarp();  // stage (k - 1) % NS was read by every lane (last iteration)
-      if (kn < n) {
-        IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
-        if (kn + 1 < n) next_page = page_of(kn + 1);
-      }
-      CpCommit();
-      CpWait<NS - 2>();  // tiles up to k + 1 have landed
-      __syncwarp();
-      float scn[4] = {0.f, 0.f, 0.f, 0.f};
-      if (k + 1 < n) {
-        Raw<D, KB, VC> rn;
-        ReadTileK<D, KB, VC>(L, stages + ((k + 1) % NS) * S::kBytes, g, t, rn);
-        ScoreTile<D, KB, VC>(rn, first + 16 * kNw * (k + 1), start, len, g, kl, qf, kbound, scn);
-      }
-      Raw<D, KB, VC> cur;
-      ReadTileV<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
-      UpdateTile<D, KB, VC>(cur, sc, first + 16 * kNw * k, start, len, g, t, vl, ws);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sc[i] = scn[i];
-    }
-  } else {
-    for (int k = 0; k < n; ++k) {
-      const int kn = k + NS - 1;
-      if (kn < n) {
-        IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
-        if (kn + 1 < n) next_page = page_of(kn + 1);
-      }
-      CpCommit();
-      CpWait<NS - 1>();
-      __syncwarp();
-      Raw<D, KB, VC> cur;
-      ReadTileK<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
-      ReadTileV<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
-      __syncwarp();  // the stage is refilled by the next iteration's copies
-      ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
-    }
+    CpCommit();
+    CpWait<NS - 1>();
+    __syncwarp();
+    Raw<D, KB, VC> cur;
+    ReadTileK<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+    ReadTileV<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+    __syncwarp();  // the stage is refilled by the next iteration's copies
+    ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
   }
   CpWait<0>();
   FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
