@@ -209,6 +209,11 @@ struct I16Book {
   int bits = 0;
   HWY_ALIGN uint8_t perm[64];  // vbmi: code bytes of group i of a chunk to 64-bit lane i
   HWY_ALIGN uint8_t ctrl[64];  // vbmi: bit offset of coordinate k in its lane
+  // AVX3_DL fixed-shape kernels: lo/hi repeated every 2^bits entries over 64
+  // bytes (a vpermb table reads the low 6 bits of an index byte, so the bits
+  // above the code need no mask).
+  HWY_ALIGN uint8_t lo64[64];
+  HWY_ALIGN uint8_t hi64[64];
 };
 
 struct KeyCtx {
@@ -659,10 +664,12 @@ using B32 = hn::Repartition<int32_t, AF>;
 constexpr size_t kN8 = hn::MaxLanes(B8());
 constexpr size_t kN16 = kN8 / 2;
 constexpr size_t kN32 = kN8 / 4;
-// Keys: |c| <= kcmax and |q| <= qmax with 2 nvec_k kcmax qmax < 2^31 (per
-// int32 lane); both up to 16383 (15 bits) when d allows (d <= 128 on AVX-512).
+// Keys: |c| <= kcmax and |q| <= qmax with 4 nvec_k kcmax qmax < 2^31: an
+// int32 lane sums 2 nvec_k products, and the fixed-shape kernel adds two
+// lanes of a token in int32 before converting (ScoreI16Fixed); both 11585
+// (about 14.5 bits) at d = 128 on AVX-512, up to 16383 for smaller d.
 HWY_INLINE long KeyCmax(size_t nvec_k) {
-  const long prod = 2147483647L / (2L * static_cast<long>(nvec_k));
+  const long prod = 2147483647L / (4L * static_cast<long>(nvec_k));
   long c = 16383;
   while (c * c > prod) --c;
   return c;
@@ -765,6 +772,10 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     }
     z->extent = 8 * bb * (nch - 1) + 64;
   }
+  for (size_t i = 0; i < 64; ++i) {
+    z->lo64[i] = z->lo[i % n];
+    z->hi64[i] = z->hi[i % n];
+  }
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
   z->vnni = vnni;
 #endif
@@ -772,11 +783,12 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
 }
 
 // Int16 queries of every task row (from the driver's permuted rotated query).
-// A score lane sums 2 * nvec_k products, so |q| <= 2^31 / (2 nvec_k KeyCmax).
+// Up to 4 nvec_k products are summed in int32 (KeyCmax), so
+// |q| <= 2^31 / (4 nvec_k KeyCmax).
 HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& scr) {
   const size_t d = task.d, len = z.nvec_k * kN16;
   const long qmax =
-      std::min<long>(16383, 2147483647L / (2L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
+      std::min<long>(16383, 2147483647L / (4L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
   scr.q16.assign(task.num_rows * len, 0);
   scr.qinv.assign(task.num_rows, 0.0f);
   for (size_t r = 0; r < task.num_rows; ++r) {
@@ -998,6 +1010,234 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   }
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// ---------------------------------------------------------------------------
+// Fixed-shape integer kernels (AVX3_DL with AVX-512 VNNI): the same sums as
+// ScoreMse16 / AccumMse16, in the same coordinate order, for a code width
+// (BITS) and a number of code chunks (NCH: 64 coordinates each for 2 and 3
+// bits, 128 for 4 bits) known at compile time. Loops unroll fully; a row is
+// read by one masked load per 64 bytes (a 3-bit chunk is 24 bytes, so one
+// load serves two chunks through two byte permutations) with masks computed
+// once a call; index bytes go from vpmultishiftqb (or the raw nibbles)
+// straight into 64-entry vpermb tables whose entries repeat every 2^BITS, so
+// the bits above a code need no mask.
+template <int BITS>
+struct FixedShape {
+  static constexpr bool kNib = BITS == 4;
+  static constexpr size_t kCB = 8 * BITS;                    // code bytes of 64 coordinates
+  static constexpr size_t kCPL = kNib ? 1 : 64 / kCB;        // chunks a 64-byte load
+  static constexpr size_t kLB = kNib ? 64 : kCPL * kCB;      // bytes a load
+};
+
+// Masks of the NL loads of a row of nbytes code bytes.
+template <int BITS, size_t NL>
+HWY_INLINE void FixedMasks(size_t nbytes, __mmask64* m) {
+  using S = FixedShape<BITS>;
+  for (size_t l = 0; l < NL; ++l) {
+    const size_t off = l * S::kLB;
+    const size_t n = off < nbytes ? std::min<size_t>(S::kLB, nbytes - off) : 0;
+    m[l] = n >= 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
+  }
+}
+
+// Int16 centroid vectors of 64 index bytes ix: c0 = bytes 0..7 of each
+// 128-bit block, c1 = bytes 8..15 (Centroids16's order).
+HWY_INLINE void Cent16Fixed(__m512i tlo, __m512i thi, __m512i ix, __m512i* c0, __m512i* c1) {
+  const __m512i lo = _mm512_permutexvar_epi8(ix, tlo);
+  const __m512i hi = _mm512_permutexvar_epi8(ix, thi);
+  *c0 = _mm512_unpacklo_epi8(lo, hi);
+  *c1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+// Key scores of NR rows against tokens [a, b), 16 tokens at a time: each
+// token's NR int32 partial-sum vectors are reduced by in-lane unpacks with
+// the next token's (pairs, then quads), the four quads of 16 tokens by two
+// block shuffles, and the 16 sums of a row are converted and scaled once.
+template <int BITS, size_t NCH, size_t NR>
+HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                                attn::Row* const* rs, const float* koff, float* const* lg,
+                                AScratch& scr) {
+  using S = FixedShape<BITS>;
+  constexpr size_t NL = S::kNib ? NCH : (NCH + S::kCPL - 1) / S::kCPL;
+  constexpr size_t NV = S::kNib ? 4 * NCH : 2 * NCH;  // int16 query vectors a row
+  const AF df;
+  const attn::Task& task = *ctx.task;
+  const CodecPlan& plan = *ctx.kc->groups[0].plan;
+  const I16Book& z = ctx.i16;
+  const size_t len = z.nvec_k * kN16;
+  const int16_t* q[NR];
+  float qi[NR];
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_keys = true;
+    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+    q[r] = scr.q16.data() + ri * len;
+    qi[r] = scr.qinv[ri];
+  }
+  __mmask64 lm[NL];
+  FixedMasks<BITS, NL>(plan.index_bytes, lm);
+  const __m512i tlo = _mm512_load_si512(z.lo64), thi = _mm512_load_si512(z.hi64);
+  __m512i perm[S::kCPL];
+  for (size_t k = 0; k < S::kCPL; ++k) {
+    perm[k] = _mm512_add_epi8(_mm512_load_si512(z.perm), _mm512_set1_epi8(static_cast<char>(S::kCB * k)));
+  }
+  const __m512i ctrl = _mm512_load_si512(z.ctrl);
+  const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
+  const size_t vbytes = ctx.task->vc ? ctx.task->vc->payload_bytes : 0;
+
+  // The NR partial-sum vectors of token t.
+  auto token = [&](size_t t, __m512i* acc) {
+    const uint8_t* row = s.k + t * s.k_stride;
+    hwy::Prefetch(row + kDenseAhead * s.k_stride);
+    const uint8_t* vrow = s.v + t * s.v_stride;
+    for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
+    __m512i x[NL];
+    HWY_UNROLL(8)
+    for (size_t l = 0; l < NL; ++l) x[l] = _mm512_maskz_loadu_epi8(lm[l], row + l * S::kLB);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < NCH; ++c) {
+      if constexpr (S::kNib) {
+        __m512i c0, c1, c2, c3;
+        Cent16Fixed(tlo, thi, x[c], &c0, &c1);
+        Cent16Fixed(tlo, thi, _mm512_srli_epi16(x[c], 4), &c2, &c3);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          const int16_t* qv = q[r] + 4 * c * kN16;
+          acc[r] = _mm512_dpwssd_epi32(acc[r], c0, _mm512_loadu_si512(qv));
+          acc[r] = _mm512_dpwssd_epi32(acc[r], c1, _mm512_loadu_si512(qv + kN16));
+          acc[r] = _mm512_dpwssd_epi32(acc[r], c2, _mm512_loadu_si512(qv + 2 * kN16));
+          acc[r] = _mm512_dpwssd_epi32(acc[r], c3, _mm512_loadu_si512(qv + 3 * kN16));
+        }
+      } else {
+        const __m512i g = _mm512_permutexvar_epi8(perm[c % S::kCPL], x[c / S::kCPL]);
+        __m512i c0, c1;
+        Cent16Fixed(tlo, thi, _mm512_multishift_epi64_epi8(ctrl, g), &c0, &c1);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          const int16_t* qv = q[r] + 2 * c * kN16;
+          acc[r] = _mm512_dpwssd_epi32(acc[r], c0, _mm512_loadu_si512(qv));
+          acc[r] = _mm512_dpwssd_epi32(acc[r], c1, _mm512_loadu_si512(qv + kN16));
+        }
+      }
+    }
+  };
+  static_assert(NV <= 8, "query vectors of one row");
+  for (size_t t0 = a; t0 < b; t0 += 16) {
+    const size_t nt = std::min<size_t>(16, b - t0);
+    HWY_ALIGN float sc[16] = {};
+    if (vec_scales && nt == 16) {
+      _mm512_store_ps(sc, _mm512_cvtph_ps(_mm256_loadu_si256(
+                              reinterpret_cast<const __m256i*>(s.km + t0 * s.km_stride))));
+    } else {
+      for (size_t tt = 0; tt < nt; ++tt) sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
+    }
+    // Quads of tokens (in-block sums of 4 tokens per 128-bit block).
+    __m512 quad[NR][4];
+    for (size_t n = 0; n < 4; ++n) {
+      __m512 pr[NR][2];
+      for (size_t m = 0; m < 2; ++m) {
+        // Tokens past the end read the last one again (their sums are dropped).
+        const size_t i0 = 4 * n + 2 * m;
+        const size_t ta = t0 + std::min(i0, nt - 1), tb = t0 + std::min(i0 + 1, nt - 1);
+        __m512i x0[NR], x1[NR];
+        token(ta, x0);
+        token(tb, x1);
+        // Pairs of lanes of one token summed in int32 (KeyCmax bounds them),
+        // the rest in float.
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          pr[r][m] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]),
+                                                         _mm512_unpackhi_epi32(x0[r], x1[r])));
+        }
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m512d p0 = _mm512_castps_pd(pr[r][0]), p1 = _mm512_castps_pd(pr[r][1]);
+        quad[r][n] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p0, p1)),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(p0, p1)));
+      }
+    }
+    const __m512 scv = _mm512_load_ps(sc);
+    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[r][0], quad[r][1], 0x88),
+                                       _mm512_shuffle_f32x4(quad[r][0], quad[r][1], 0xDD));
+      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[r][2], quad[r][3], 0x88),
+                                       _mm512_shuffle_f32x4(quad[r][2], quad[r][3], 0xDD));
+      const __m512 tot = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                                       _mm512_shuffle_f32x4(w01, w23, 0xDD));
+      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, scv), _mm512_set1_ps(qi[r]),
+                                       _mm512_set1_ps(koff[r]));
+      _mm512_mask_storeu_ps(lg[r] + (t0 - a), om, l);
+    }
+  }
+  (void)df;
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
+#if HWY_TARGET == HWY_AVX3_DL
+// AccumMse16's passes with the code width and chunk count fixed: pass =
+// chunk (2, 3 bits) or 2 load + byte half (4 bits), as in the generic loop.
+template <size_t NR, int BITS, size_t NCH>
+HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows, size_t npairs,
+                                   const int16_t* const* wps, const float* fac, float* const* priv) {
+  using S = FixedShape<BITS>;
+  constexpr size_t NL = S::kNib ? NCH : (NCH + S::kCPL - 1) / S::kCPL;
+  constexpr size_t NPASS = S::kNib ? 2 * NCH : NCH;
+  __mmask64 lm[NL];
+  FixedMasks<BITS, NL>(z.nbytes, lm);
+  const __m512i tlo = _mm512_load_si512(z.lo64), thi = _mm512_load_si512(z.hi64);
+  const __m512i ctrl = _mm512_load_si512(z.ctrl);
+  HWY_UNROLL(1)
+  for (size_t pass = 0; pass < NPASS; ++pass) {
+    const size_t l = S::kNib ? pass / 2 : pass / S::kCPL;
+    const __m512i perm = _mm512_add_epi8(
+        _mm512_load_si512(z.perm), _mm512_set1_epi8(static_cast<char>(S::kCB * (pass % S::kCPL))));
+    const __mmask64 m = lm[l];
+    const size_t off = l * S::kLB;
+    __m512i acc[NR][4];
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      for (size_t u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_si512();
+    }
+    for (size_t p = 0; p < npairs; ++p) {
+      const __m512i xa = _mm512_maskz_loadu_epi8(m, rows[2 * p] + off);
+      const __m512i xb = _mm512_maskz_loadu_epi8(m, rows[2 * p + 1] + off);
+      __m512i cv[4];
+      if constexpr (S::kNib) {
+        const __m512i r8 = (pass % 2) ? _mm512_unpackhi_epi8(xa, xb) : _mm512_unpacklo_epi8(xa, xb);
+        Cent16Fixed(tlo, thi, r8, &cv[0], &cv[1]);
+        Cent16Fixed(tlo, thi, _mm512_srli_epi16(r8, 4), &cv[2], &cv[3]);
+      } else {
+        const __m512i ia = _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(perm, xa));
+        const __m512i ib = _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(perm, xb));
+        Cent16Fixed(tlo, thi, _mm512_unpacklo_epi8(ia, ib), &cv[0], &cv[1]);
+        Cent16Fixed(tlo, thi, _mm512_unpackhi_epi8(ia, ib), &cv[2], &cv[3]);
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, wps[r] + 2 * p, 4);
+        const __m512i wv = _mm512_set1_epi32(pair);
+        HWY_UNROLL(4)
+        for (size_t u = 0; u < 4; ++u) acc[r][u] = _mm512_dpwssd_epi32(acc[r][u], cv[u], wv);
+      }
+    }
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 fv = _mm512_set1_ps(fac[r]);
+      HWY_UNROLL(4)
+      for (size_t u = 0; u < 4; ++u) {
+        float* dst = priv[r] + (4 * pass + u) * kN32;
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][u]), fv, _mm512_loadu_ps(dst)));
+      }
+    }
+  }
+}
+#endif
+
 // Accumulates the four int16 centroid-pair vectors cv into acc[r][0..3] with
 // each row's weight pair.
 template <size_t NR, bool kVnni>
@@ -1021,7 +1261,9 @@ HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, si
 // scale) of each row rounded to int16 against the tile's largest, tokens
 // taken in pairs (one int32 lane = c_t w_t + c_t+1 w_t+1), int32 sums
 // flushed once per tile into the row's private float sums (scr.priv).
-template <size_t NR, bool kVnni>
+// FB > 0 (AVX3_DL with VNNI): the fixed-shape inner loop for FB-bit codes in
+// FN chunks (see ScoreI16Fixed).
+template <size_t NR, bool kVnni, int FB = 0, size_t FN = 0>
 HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
                              attn::Row* const* rs, float* const* w, AScratch& scr) {
   const AF df;
@@ -1108,6 +1350,12 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const int16_t* wps[NR];
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
+#if HWY_TARGET == HWY_AVX3_DL
+  if constexpr (FB > 0) {
+    AccumI16FixedInner<NR, FB, FN>(z, rows, npairs, wps, fac, priv);
+    return;
+  }
+#endif
   // One pass a group of four accumulators per row (v0 .. v0 + 3).
   const size_t npass = z.nvec_v / 4;
   const size_t nb = z.nbytes;  // code bytes a row (the rest of a padded copy is zero)
@@ -1159,10 +1407,53 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
     }
   }
 }
+
 #if HWY_TARGET == HWY_AVX3_DL
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 #endif
+
+// The fixed-shape kernels for the book's code width and chunk count, where
+// one is compiled (true: it ran).
+#define TQ_FIXED_SHAPES(X) X(2, 1) X(2, 2) X(2, 4) X(3, 1) X(3, 2) X(3, 4) X(4, 1) X(4, 2)
+template <size_t NR>
+HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                           attn::Row* const* rs, const float* koff, float* const* lg,
+                           AScratch& scr) {
+#if HWY_TARGET == HWY_AVX3_DL
+  const I16Book& z = ctx.i16;
+  if (!z.vnni || !(z.nib || z.vbmi)) return false;
+  switch (z.bits * 16 + static_cast<int>(z.nch)) {
+#define TQ_FIXED_CASE(B, N) \
+  case B * 16 + N: ScoreI16Fixed<B, N, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    TQ_FIXED_SHAPES(TQ_FIXED_CASE)
+#undef TQ_FIXED_CASE
+    default: break;
+  }
+#else
+  (void)ctx, (void)s, (void)a, (void)b, (void)rs, (void)koff, (void)lg, (void)scr;
+#endif
+  return false;
+}
+template <size_t NR>
+HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                           attn::Row* const* rs, float* const* w, AScratch& scr) {
+#if HWY_TARGET == HWY_AVX3_DL
+  const I16Book& z = vctx.i16;
+  if (!z.vnni || !(z.nib || z.vbmi)) return false;
+  switch (z.bits * 16 + static_cast<int>(z.nch)) {
+#define TQ_FIXED_CASE(B, N) \
+  case B * 16 + N: AccumMse16<NR, true, B, N>(vctx, s, a, b, rs, w, scr); return true;
+    TQ_FIXED_SHAPES(TQ_FIXED_CASE)
+#undef TQ_FIXED_CASE
+    default: break;
+  }
+#else
+  (void)vctx, (void)s, (void)a, (void)b, (void)rs, (void)w, (void)scr;
+#endif
+  return false;
+}
+#undef TQ_FIXED_SHAPES
 #endif  // HWY_TARGET != HWY_SCALAR
 
 // Scores of tokens [a, b) of segment s for rows rs[0..NR) into logits rows.
@@ -1191,6 +1482,7 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->qrot;
 #ifdef TQ_ATTN_I16
       if (ctx.i16.on) {
+        if (ScoreFixed<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
         if (ctx.i16.vnni) return ScoreMse16<NR, true>(ctx, s, a, b, rs, koff, lg, scr);
         return ScoreMse16<NR, false>(ctx, s, a, b, rs, koff, lg, scr);
       }
@@ -1461,6 +1753,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
 #ifdef TQ_ATTN_I16
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
+    if (AccumFixed<NR>(vctx, s, a, b, rs, w, scr)) return;
     if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
     return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
   }
