@@ -1029,6 +1029,14 @@ struct FixedShape {
   static constexpr size_t kLB = kNib ? 64 : kCPL * kCB;      // bytes a load
 };
 
+// acc += pairwise int16 products of x and y (vpdpwssd). Written as an asm
+// statement: with the intrinsic, GCC 12 copies accumulators between
+// registers and the stack on every iteration of the value loop.
+HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i x, __m512i y) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
+  return acc;
+}
+
 // Masks of the NL loads of a row of nbytes code bytes.
 template <int BITS, size_t NL>
 HWY_INLINE void FixedMasks(size_t nbytes, __mmask64* m) {
@@ -1104,10 +1112,10 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
         HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) {
           const int16_t* qv = q[r] + 4 * c * kN16;
-          acc[r] = _mm512_dpwssd_epi32(acc[r], c0, _mm512_loadu_si512(qv));
-          acc[r] = _mm512_dpwssd_epi32(acc[r], c1, _mm512_loadu_si512(qv + kN16));
-          acc[r] = _mm512_dpwssd_epi32(acc[r], c2, _mm512_loadu_si512(qv + 2 * kN16));
-          acc[r] = _mm512_dpwssd_epi32(acc[r], c3, _mm512_loadu_si512(qv + 3 * kN16));
+          acc[r] = Dpwssd(acc[r], c0, _mm512_loadu_si512(qv));
+          acc[r] = Dpwssd(acc[r], c1, _mm512_loadu_si512(qv + kN16));
+          acc[r] = Dpwssd(acc[r], c2, _mm512_loadu_si512(qv + 2 * kN16));
+          acc[r] = Dpwssd(acc[r], c3, _mm512_loadu_si512(qv + 3 * kN16));
         }
       } else {
         const __m512i g = _mm512_permutexvar_epi8(perm[c % S::kCPL], x[c / S::kCPL]);
@@ -1116,8 +1124,8 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
         HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) {
           const int16_t* qv = q[r] + 2 * c * kN16;
-          acc[r] = _mm512_dpwssd_epi32(acc[r], c0, _mm512_loadu_si512(qv));
-          acc[r] = _mm512_dpwssd_epi32(acc[r], c1, _mm512_loadu_si512(qv + kN16));
+          acc[r] = Dpwssd(acc[r], c0, _mm512_loadu_si512(qv));
+          acc[r] = Dpwssd(acc[r], c1, _mm512_loadu_si512(qv + kN16));
         }
       }
     }
@@ -1197,43 +1205,50 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
         _mm512_load_si512(z.perm), _mm512_set1_epi8(static_cast<char>(S::kCB * (pass % S::kCPL))));
     const __mmask64 m = lm[l];
     const size_t off = l * S::kLB;
-    __m512i acc[NR][4];
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      for (size_t u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_si512();
-    }
+    // Named accumulators (GCC keeps a 2-D array of them partly on the stack
+    // and rotates the rest through copies).
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i a00 = zero, a01 = zero, a02 = zero, a03 = zero, a10 = zero, a11 = zero, a12 = zero,
+            a13 = zero, a20 = zero, a21 = zero, a22 = zero, a23 = zero, a30 = zero, a31 = zero,
+            a32 = zero, a33 = zero;
     for (size_t p = 0; p < npairs; ++p) {
       const __m512i xa = _mm512_maskz_loadu_epi8(m, rows[2 * p] + off);
       const __m512i xb = _mm512_maskz_loadu_epi8(m, rows[2 * p + 1] + off);
-      __m512i cv[4];
+      __m512i c0, c1, c2, c3;
       if constexpr (S::kNib) {
         const __m512i r8 = (pass % 2) ? _mm512_unpackhi_epi8(xa, xb) : _mm512_unpacklo_epi8(xa, xb);
-        Cent16Fixed(tlo, thi, r8, &cv[0], &cv[1]);
-        Cent16Fixed(tlo, thi, _mm512_srli_epi16(r8, 4), &cv[2], &cv[3]);
+        Cent16Fixed(tlo, thi, r8, &c0, &c1);
+        Cent16Fixed(tlo, thi, _mm512_srli_epi16(r8, 4), &c2, &c3);
       } else {
         const __m512i ia = _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(perm, xa));
         const __m512i ib = _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(perm, xb));
-        Cent16Fixed(tlo, thi, _mm512_unpacklo_epi8(ia, ib), &cv[0], &cv[1]);
-        Cent16Fixed(tlo, thi, _mm512_unpackhi_epi8(ia, ib), &cv[2], &cv[3]);
+        Cent16Fixed(tlo, thi, _mm512_unpacklo_epi8(ia, ib), &c0, &c1);
+        Cent16Fixed(tlo, thi, _mm512_unpackhi_epi8(ia, ib), &c2, &c3);
       }
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, wps[r] + 2 * p, 4);
-        const __m512i wv = _mm512_set1_epi32(pair);
-        HWY_UNROLL(4)
-        for (size_t u = 0; u < 4; ++u) acc[r][u] = _mm512_dpwssd_epi32(acc[r][u], cv[u], wv);
-      }
+#define TQ_VROW(R)                                                          \
+  if constexpr (NR > R) {                                                   \
+    int32_t pair;                                                           \
+    std::memcpy(&pair, wps[R] + 2 * p, 4);                                  \
+    const __m512i wv = _mm512_set1_epi32(pair);                             \
+    a##R##0 = Dpwssd(a##R##0, c0, wv);                         \
+    a##R##1 = Dpwssd(a##R##1, c1, wv);                         \
+    a##R##2 = Dpwssd(a##R##2, c2, wv);                         \
+    a##R##3 = Dpwssd(a##R##3, c3, wv);                         \
+  }
+      TQ_VROW(0) TQ_VROW(1) TQ_VROW(2) TQ_VROW(3)
+#undef TQ_VROW
     }
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512 fv = _mm512_set1_ps(fac[r]);
-      HWY_UNROLL(4)
-      for (size_t u = 0; u < 4; ++u) {
-        float* dst = priv[r] + (4 * pass + u) * kN32;
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][u]), fv, _mm512_loadu_ps(dst)));
-      }
-    }
+#define TQ_VFLUSH1(R, U)                                                                  \
+  {                                                                                       \
+    float* dst = priv[R] + (4 * pass + U) * kN32;                                         \
+    _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a##R##U), _mm512_set1_ps(fac[R]), \
+                                          _mm512_loadu_ps(dst)));                          \
+  }
+#define TQ_VFLUSH(R) \
+  if constexpr (NR > R) { TQ_VFLUSH1(R, 0) TQ_VFLUSH1(R, 1) TQ_VFLUSH1(R, 2) TQ_VFLUSH1(R, 3) }
+    TQ_VFLUSH(0) TQ_VFLUSH(1) TQ_VFLUSH(2) TQ_VFLUSH(3)
+#undef TQ_VFLUSH
+#undef TQ_VFLUSH1
   }
 }
 #endif
@@ -1286,8 +1301,8 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   for (size_t t = 0; t < n; ++t) {
     const uint8_t* src = s.v + (a + t) * s.v_stride;
     uint8_t* dst = scr.tile.data() + t * ulen;
-    if (z.nib || z.vbmi) {
-      if (kMaskedCodes || z.extent <= s.v_stride) {
+    if (FB > 0 || z.nib || z.vbmi) {
+      if (FB > 0 || kMaskedCodes || z.extent <= s.v_stride) {
         rows[t] = src;
       } else {
         std::memcpy(dst, src, z.nbytes);
@@ -1298,9 +1313,21 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
       Unpack(src, task.d, z.bits, dst, z.nbytes);
       rows[t] = dst;
     }
+  }
+  // Row scales (and int-asym zeros); consecutive fp16 scales a vector at a time.
+  size_t t_sc = 0;
+  if (!z.asym && plan->scale_f16 && s.vm_stride == 2) {
+    const auto* h = reinterpret_cast<const hwy::float16_t*>(s.vm + a * 2);
+    for (; t_sc + kL <= n; t_sc += kL) hn::Store(hn::PromoteTo(df, hn::LoadU(AH(), h + t_sc)), df, vs + t_sc);
+  }
+  for (size_t t = t_sc; t < n; ++t) {
     const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
     vs[t] = z.asym ? Half(meta) : Scale(*plan, meta);
-    zs[t] = z.asym ? Half(meta + 2) + static_cast<float>(1 << (z.bits - 1)) * vs[t] : 0.0f;
+  }
+  if (z.asym) {
+    for (size_t t = 0; t < n; ++t) {
+      zs[t] = Half(s.vm + (a + t) * s.vm_stride + 2) + static_cast<float>(1 << (z.bits - 1)) * vs[t];
+    }
   }
   if (n % 2) {
     std::memset(scr.tile.data() + n * ulen, 0, ulen);
@@ -1745,11 +1772,17 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
     return AccumDecoded<NR>(MakeInfo(task.dense_fmt, nullptr, nullptr), s, a, b, d, rs, w, scr);
   }
   const attn::Comp& vc = *vctx.kc;
-  HWY_UNROLL(4)
-  for (size_t r = 0; r < NR; ++r) {
-    float sum = 0.0f;
-    for (size_t t = 0; t < n; ++t) sum += w[r][t];
-    rs[r]->lc += sum;
+  {
+    const AF df;
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      size_t t = 0;
+      AV sv = hn::Zero(df);
+      for (; t + kL <= n; t += kL) sv = hn::Add(sv, hn::LoadU(df, w[r] + t));
+      float sum = hn::GetLane(hn::SumOfLanes(df, sv));
+      for (; t < n; ++t) sum += w[r][t];
+      rs[r]->lc += sum;
+    }
   }
 #ifdef TQ_ATTN_I16
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
