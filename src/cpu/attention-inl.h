@@ -670,8 +670,9 @@ constexpr size_t kN32 = kN8 / 4;
 // (about 14.5 bits) at d = 128 on AVX-512, up to 16383 for smaller d.
 HWY_INLINE long KeyCmax(size_t nvec_k) {
   const long prod = 2147483647L / (4L * static_cast<long>(nvec_k));
-  long c = 16383;
-  while (c * c > prod) --c;
+  long c = std::min<long>(16383, static_cast<long>(std::sqrt(static_cast<double>(prod))));
+  while (c * c > prod) --c;  // (the root rounded up at most once)
+  while ((c + 1) * (c + 1) <= prod && c < 16383) ++c;
   return c;
 }
 constexpr int kValCmax = 4095;
