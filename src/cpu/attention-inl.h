@@ -1094,11 +1094,14 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   const size_t vbytes = ctx.task->vc ? ctx.task->vc->payload_bytes : 0;
 
   // The NR partial-sum vectors of token t.
-  auto token = [&](size_t t, __m512i* acc) {
+  const size_t nvl = (vbytes + 63) / 64;
+  auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
     const uint8_t* row = s.k + t * s.k_stride;
     hwy::Prefetch(row + kDenseAhead * s.k_stride);
     const uint8_t* vrow = s.v + t * s.v_stride;
-    for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
+    if (nvl > 0) hwy::Prefetch(vrow);
+    if (nvl > 1) hwy::Prefetch(vrow + 64);
+    for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
     __m512i x[NL];
     HWY_UNROLL(8)
     for (size_t l = 0; l < NL; ++l) x[l] = _mm512_maskz_loadu_epi8(lm[l], row + l * S::kLB);
@@ -1132,6 +1135,30 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
     }
   };
   static_assert(NV <= 8, "query vectors of one row");
+  // Two tokens' partial sums with pairs of lanes summed in int32 (KeyCmax
+  // bounds them), the rest in float.
+  auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
+    __m512i x0[NR], x1[NR];
+    token(ta, x0);
+    token(tb, x1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      pr[r] = _mm512_cvtepi32_ps(
+          _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
+    }
+  };
+  // In-block sums of four tokens (ids t[0..3]).
+  auto quad4 = [&](size_t t0, size_t t1, size_t t2, size_t t3, __m512* qd) __attribute__((always_inline)) {
+    __m512 p0[NR], p1[NR];
+    pair(t0, t1, p0);
+    pair(t2, t3, p1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
+      qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
+                            _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
+    }
+  };
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
     HWY_ALIGN float sc[16] = {};
@@ -1141,40 +1168,25 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
     } else {
       for (size_t tt = 0; tt < nt; ++tt) sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
     }
-    // Quads of tokens (in-block sums of 4 tokens per 128-bit block).
-    __m512 quad[NR][4];
-    for (size_t n = 0; n < 4; ++n) {
-      __m512 pr[NR][2];
-      for (size_t m = 0; m < 2; ++m) {
-        // Tokens past the end read the last one again (their sums are dropped).
-        const size_t i0 = 4 * n + 2 * m;
-        const size_t ta = t0 + std::min(i0, nt - 1), tb = t0 + std::min(i0 + 1, nt - 1);
-        __m512i x0[NR], x1[NR];
-        token(ta, x0);
-        token(tb, x1);
-        // Pairs of lanes of one token summed in int32 (KeyCmax bounds them),
-        // the rest in float.
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          pr[r][m] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]),
-                                                         _mm512_unpackhi_epi32(x0[r], x1[r])));
-        }
-      }
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) {
-        const __m512d p0 = _mm512_castps_pd(pr[r][0]), p1 = _mm512_castps_pd(pr[r][1]);
-        quad[r][n] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p0, p1)),
-                                   _mm512_castpd_ps(_mm512_unpackhi_pd(p0, p1)));
-      }
+    __m512 quad[4][NR];
+    if (nt == 16) {
+      quad4(t0, t0 + 1, t0 + 2, t0 + 3, quad[0]);
+      quad4(t0 + 4, t0 + 5, t0 + 6, t0 + 7, quad[1]);
+      quad4(t0 + 8, t0 + 9, t0 + 10, t0 + 11, quad[2]);
+      quad4(t0 + 12, t0 + 13, t0 + 14, t0 + 15, quad[3]);
+    } else {
+      // Tokens past the end read the last one again (their sums are dropped).
+      auto at = [&](size_t i) { return t0 + std::min(i, nt - 1); };
+      for (size_t n = 0; n < 4; ++n) quad4(at(4 * n), at(4 * n + 1), at(4 * n + 2), at(4 * n + 3), quad[n]);
     }
     const __m512 scv = _mm512_load_ps(sc);
     const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[r][0], quad[r][1], 0x88),
-                                       _mm512_shuffle_f32x4(quad[r][0], quad[r][1], 0xDD));
-      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[r][2], quad[r][3], 0x88),
-                                       _mm512_shuffle_f32x4(quad[r][2], quad[r][3], 0xDD));
+      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
+      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
       const __m512 tot = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
                                        _mm512_shuffle_f32x4(w01, w23, 0xDD));
       const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, scv), _mm512_set1_ps(qi[r]),
