@@ -280,14 +280,19 @@ __device__ __forceinline__ void ScoreTile(const Raw<D, KB, VC>& cur, int tb, int
       p01 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB);
       p11 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB);
     } else {
-      // int8-sym: channels 4c..4c+3 of the thread; scale by group.
+      // int8-sym: channels 4c..4c+3 of the thread; scale by group. The
+      // bytes become fp16 exactly without conversions: with the sign bit
+      // flipped (x + 128) and 0x64 as the high byte, a half reads
+      // 1024 + 128 + x, and subtracting 1152 leaves x. Then one fp16
+      // multiply by the scale: the exact product rounded once, as the fp32
+      // product (exact: 8 x 11 bits) rounded to fp16 was before.
       auto dec = [&](int r, int p) {
-        const uint32_t w = cur.k[r].w[p >> 1] >> (16 * (p & 1));
-        const float s = (2 * p < kbound) ? __half2float(__ushort_as_half(static_cast<unsigned short>(cur.kss[r] & 0xffffu)))
-                                         : __half2float(__ushort_as_half(static_cast<unsigned short>(cur.kss[r] >> 16)));
-        const float lo = static_cast<float>(static_cast<int8_t>(w & 0xffu)) * s;
-        const float hi = static_cast<float>(static_cast<int8_t>((w >> 8) & 0xffu)) * s;
-        return PackHalf2(lo, hi);
+        const uint32_t u = cur.k[r].w[p >> 1] ^ 0x80808080u;
+        const uint32_t hb = __byte_perm(u, 0x64646464u, (p & 1) ? 0x4342u : 0x4140u);
+        const __half2 x = __hsub2(*reinterpret_cast<const __half2*>(&hb), __float2half2_rn(1152.f));
+        const uint32_t sw = __byte_perm(cur.kss[r], 0u, (2 * p < kbound) ? 0x1010u : 0x3232u);
+        const __half2 y = __hmul2(x, *reinterpret_cast<const __half2*>(&sw));
+        return *reinterpret_cast<const uint32_t*>(&y);
       };
       p00 = dec(0, 2 * c);
       p10 = dec(1, 2 * c);
@@ -621,8 +626,12 @@ struct Stage {
   static constexpr int kBytes = (kVMOff + 16 * kVM + 15) / 16 * 16;
   // 4-bit keys: their 32 KiB table leaves room for 3 CTAs a SM with 4
   // stages, 4 CTAs with 2; 2 stages measured 3-4% faster for k4_v4 at
-  // B = 16/32, N = 32K and the same for k4_v3 (H200, BENCHMARKS run 5).
-  static constexpr int kStages = D >= 256 || KB == 4 ? 2 : 4;
+  // B = 16/32, N = 32K and the same for k4_v3 (BENCHMARKS run 6). int8
+  // keys (rows of 128 bytes at d 128) also take 2 stages: together with the
+  // conversion-free int8 decode in ScoreTile, k8_v4 at B = 16, N = 32K went
+  // from 0.363 to 0.242 ms and q8 from 0.448 to 0.348 ms (H200, run 7; the
+  // two changes were measured together, not apart).
+  static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : 4;
 };
 
 // The row of the tile's first token (block_size a multiple of 16: the
