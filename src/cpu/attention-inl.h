@@ -645,8 +645,9 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
 // fp32 FMA, and the decode is four shuffles per 64 coordinates.
 //
 // Rounding (bounds below keep every int32 sum exact, no overflow):
-//  - keys: centroids and the query to <= 15 bits (fewer when d is large), so a
-//    score's relative error is about 2^-15: far below the NMSE 1e-6 contract;
+//  - keys: centroids and the query to <= 15 bits (14.5 at d = 128: KeyCmax),
+//    so a score's relative error is about 2^-14: far below the NMSE 1e-6
+//    contract;
 //  - values: centroids to 12 bits (<= 4095), each tile's weights (softmax
 //    weight x row scale) to 13 bits of the tile's largest (<= 8191); 64
 //    tokens' products then fit an int32 lane (64 * 8191 * 4095 < 2^31).
