@@ -792,6 +792,7 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
   const long qmax =
       std::min<long>(16383, 2147483647L / (4L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
   scr.q16.assign(task.num_rows * len, 0);
+  if (scr.tmp.size() < len) scr.tmp.resize(len);
   scr.qinv.assign(task.num_rows, 0.0f);
   for (size_t r = 0; r < task.num_rows; ++r) {
     const float* q = task.rows[r].qrot;
@@ -801,11 +802,19 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
     if (!(mx > 0.0f)) continue;  // zero query: every score is koff
     const float qs = static_cast<float>(qmax) / mx;
     int16_t* o = scr.q16.data() + r * len;
+    // Scaled query in lane order, then rounded to nearest-even a vector at a
+    // time (the same integers as lrint in the default rounding mode; lrint
+    // itself was a library call per element).
+    float* f = scr.tmp.data();
     for (size_t v = 0; v < z.nvec_k; ++v) {
       for (size_t w = 0; w < kN16; ++w) {
         const size_t x = I16KeyCoord(z.nib, v, w);
-        o[v * kN16 + w] = x < d ? static_cast<int16_t>(std::lrint(q[FastPos(x, d)] * qs)) : int16_t{0};
+        f[v * kN16 + w] = x < d ? q[FastPos(x, d)] * qs : 0.0f;
       }
+    }
+    const hn::Rebind<int16_t, AF> dh;
+    for (size_t i = 0; i < len; i += kL) {
+      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::LoadU(AF(), f + i))), dh, o + i);
     }
     scr.qinv[r] = 1.0f / (qs * z.cscale);
   }
