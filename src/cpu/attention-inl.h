@@ -671,9 +671,11 @@ constexpr size_t kN32 = kN8 / 4;
 // (about 14.5 bits) at d = 128 on AVX-512, up to 16383 for smaller d.
 HWY_INLINE long KeyCmax(size_t nvec_k) {
   const long prod = 2147483647L / (4L * static_cast<long>(nvec_k));
+  // The largest c <= 16383 with c * c <= prod: the floating-point root,
+  // corrected by a step either way where it rounded.
   long c = std::min<long>(16383, static_cast<long>(std::sqrt(static_cast<double>(prod))));
-  while (c * c > prod) --c;  // (the root rounded up at most once)
-  while ((c + 1) * (c + 1) <= prod && c < 16383) ++c;
+  while (c * c > prod) --c;
+  while (c < 16383 && (c + 1) * (c + 1) <= prod) ++c;
   return c;
 }
 constexpr int kValCmax = 4095;
@@ -1109,6 +1111,8 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
     const uint8_t* row = s.k + t * s.k_stride;
     hwy::Prefetch(row + kDenseAhead * s.k_stride);
     const uint8_t* vrow = s.v + t * s.v_stride;
+    // The first two lines unrolled: the plain loop measured 2-11% slower
+    // for k4_v4 / k3_v3 at 32K tokens (GCC 12, two threads, alternating).
     if (nvl > 0) hwy::Prefetch(vrow);
     if (nvl > 1) hwy::Prefetch(vrow + 64);
     for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
@@ -1157,11 +1161,11 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
           _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
     }
   };
-  // In-block sums of four tokens (ids t[0..3]).
-  auto quad4 = [&](size_t t0, size_t t1, size_t t2, size_t t3, __m512* qd) __attribute__((always_inline)) {
+  // In-block sums of four tokens ta..td.
+  auto quad4 = [&](size_t ta, size_t tb, size_t tc, size_t td, __m512* qd) __attribute__((always_inline)) {
     __m512 p0[NR], p1[NR];
-    pair(t0, t1, p0);
-    pair(t2, t3, p1);
+    pair(ta, tb, p0);
+    pair(tc, td, p1);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
