@@ -205,10 +205,15 @@ struct I16Book {
   bool asym = false;         // int-asym row values (plain domain, scale and zero a row)
   int wmax = 0;              // values: int16 weight of a tile's largest
   size_t nbytes = 0;         // code bytes a row
-  bool vbmi = false;         // 2/3-bit rows expanded in registers (AVX3_DL: vpermb, vpmultishiftqb)
+  // 2/3-bit rows expanded in registers: AVX3_DL by vpermb + vpmultishiftqb,
+  // AVX2 by vpshufb + vpmullw (IdxChunkAvx2); else unpacked to bytes first.
+  bool inreg = false;
   int bits = 0;
-  HWY_ALIGN uint8_t perm[64];  // vbmi: code bytes of group i of a chunk to 64-bit lane i
-  HWY_ALIGN uint8_t ctrl[64];  // vbmi: bit offset of coordinate k in its lane
+  // AVX3_DL: code bytes of group i of a chunk to 64-bit lane i (perm), bit
+  // offset of coordinate k in its lane (ctrl). AVX2: the two byte shuffles
+  // (perm[0..32), perm[32..64)) and two int16 multipliers (ctrl as int16).
+  HWY_ALIGN uint8_t perm[64];
+  HWY_ALIGN uint8_t ctrl[64];
   // AVX3_DL fixed-shape kernels: lo/hi repeated every 2^bits entries over 64
   // bytes (a vpermb table reads the low 6 bits of an index byte, so the bits
   // above the code need no mask).
@@ -765,10 +770,10 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
   z->nch = nch;
   z->bits = bits;
   z->extent = z->nib ? nch * kN8 : 0;
-  z->vbmi = false;
+  z->inreg = false;
 #if HWY_TARGET == HWY_AVX3_DL
   if (!z->nib) {  // chunk c: 8 groups of 8 coordinates, group g = bits bytes at 8 bits c + bits g
-    z->vbmi = true;
+    z->inreg = true;
     const size_t bb = static_cast<size_t>(bits);
     for (size_t i = 0; i < 64; ++i) {
       z->perm[i] = static_cast<uint8_t>(std::min<size_t>(bb * (i / 8) + i % 8, 63));
@@ -776,6 +781,35 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     }
     z->extent = 8 * bb * (nch - 1) + 64;
   }
+#endif
+#if HWY_TARGET == HWY_AVX2
+  if (!z->nib) {
+    // Chunk c = 32 coordinates, 4 bits bytes at 4 bits c, broadcast to both
+    // 128-bit blocks. Vector A holds coordinates 0..7 (low block) and
+    // 16..23 (high block) in int16 lanes, vector B 8..15 and 24..31: lane
+    // of coordinate k = the two bytes from floor(bits k / 8), times
+    // 2^(16 - bits - o) (o = bits k mod 8) puts the code in the top bits,
+    // a shift by 16 - bits leaves it; packus of A and B gives the 32 index
+    // bytes in coordinate order.
+    z->inreg = true;
+    const size_t bb = static_cast<size_t>(bits);
+    int16_t mul[32];
+    for (size_t v = 0; v < 2; ++v) {
+      for (size_t blk = 0; blk < 2; ++blk) {
+        for (size_t i = 0; i < 8; ++i) {
+          const size_t k = 16 * blk + 8 * v + i, bit = bb * k;
+          const size_t lane = 8 * blk + i;  // int16 lane of the vector
+          z->perm[32 * v + 2 * lane] = static_cast<uint8_t>(bit / 8);
+          z->perm[32 * v + 2 * lane + 1] = static_cast<uint8_t>(bit / 8 + 1);
+          mul[16 * v + lane] = static_cast<int16_t>(1 << (16 - bb - bit % 8));
+        }
+      }
+    }
+    std::memcpy(z->ctrl, mul, sizeof(mul));
+    z->extent = z->nbytes;  // the last chunk is read by a masked load
+  }
+#endif
+#if HWY_TARGET == HWY_AVX3_DL
   for (size_t i = 0; i < 64; ++i) {
     z->lo64[i] = z->lo[i % n];
     z->hi64[i] = z->hi[i % n];
@@ -880,6 +914,42 @@ HWY_INLINE hn::Vec<B8> IdxChunkVbmi(const uint8_t* row, size_t nbytes, size_t c,
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX2
+// Index bytes of chunk c (32 coordinates in order) of a 2- or 3-bit row of
+// nbytes code bytes (InitI16's tables). Nothing past the codes is read: the
+// chunk's 16-byte window is a plain load where it lies inside the codes, a
+// masked dword load (or a copy) where it does not.
+HWY_INLINE hn::Vec<B8> IdxChunkAvx2(const uint8_t* row, size_t nbytes, size_t c, const I16Book& z,
+                                   __m128i shift) {
+  const size_t off = 4 * static_cast<size_t>(z.bits) * c;
+  __m256i v;
+  if (off + 16 <= nbytes) {
+    v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + off)));
+  } else {
+    const size_t n = nbytes > off ? nbytes - off : 0;
+    __m128i x;
+    if (n % 4 == 0) {
+      const __m128i lanes = _mm_setr_epi32(0, 1, 2, 3);
+      const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(n / 4)), lanes);
+      x = _mm_maskload_epi32(reinterpret_cast<const int*>(row + off), m);
+    } else {
+      HWY_ALIGN uint8_t buf[16] = {};
+      std::memcpy(buf, row + off, n);
+      x = _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
+    }
+    v = _mm256_broadcastsi128_si256(x);
+  }
+  const __m256i* pm = reinterpret_cast<const __m256i*>(z.perm);
+  const __m256i* ml = reinterpret_cast<const __m256i*>(z.ctrl);
+  const __m256i a = _mm256_srl_epi16(
+      _mm256_mullo_epi16(_mm256_shuffle_epi8(v, _mm256_load_si256(pm)), _mm256_load_si256(ml)), shift);
+  const __m256i b = _mm256_srl_epi16(
+      _mm256_mullo_epi16(_mm256_shuffle_epi8(v, _mm256_load_si256(pm + 1)), _mm256_load_si256(ml + 1)),
+      shift);
+  return hn::Vec<B8>{_mm256_packus_epi16(a, b)};
+}
+#endif
+
 // acc += pairwise products of a and b (int16 -> int32).
 template <bool kVnni>
 HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> acc,
@@ -917,12 +987,15 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   // Non-nibble widths: a group's rows unpacked to bytes before they are read
   // (a load right after the unpacking's narrower stores would stall).
   const size_t ulen = z.nch * kN8;
-  const bool unpack = !z.nib && !z.vbmi;
+  const bool unpack = !z.nib && !z.inreg;
   const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   if (unpack) scr.tile.resize(kL * ulen + 64);
 #if HWY_TARGET == HWY_AVX3_DL
   const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
   const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << z.bits) - 1));
+#endif
+#if HWY_TARGET == HWY_AVX2
+  const __m128i vshift = _mm_cvtsi32_si128(16 - z.bits);
 #endif
   HWY_ALIGN AV parts[NR][kL];
   for (size_t t0 = a; t0 < b; t0 += kL) {
@@ -985,12 +1058,16 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
           TQ_I16_KEYS(c2, c3, o + 2 * kN16, o + 3 * kN16)
         }
       } else if (!unpack) {
-#if HWY_TARGET == HWY_AVX3_DL
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
         const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
         for (size_t c = 0; c < z.nch; ++c) {
           hn::Vec<B16> c0, c1;
+#if HWY_TARGET == HWY_AVX3_DL
           Centroids16(tlo, thi, IdxChunkVbmi(row, plan.index_bytes, c, z.bits, vperm, vctrl, vmask),
                       &c0, &c1);
+#else
+          Centroids16(tlo, thi, IdxChunkAvx2(row, plan.index_bytes, c, z, vshift), &c0, &c1);
+#endif
           const size_t o = 2 * c * kN16;
           TQ_I16_KEYS(c0, c1, o, o + kN16)
         }
@@ -1317,7 +1394,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const I16Book& z = vctx.i16;
   const size_t plen = z.nvec_v * kN32;
   const size_t n = b - a, npairs = (n + 1) / 2;
-  // Code rows of the tile (nib, vbmi: the rows themselves, or padded copies
+  // Code rows of the tile (nib, inreg: the rows themselves, or padded copies
   // where a plain load would leave the storage; else unpacked bytes); an odd
   // tile gets a zero twin.
   const size_t ulen = z.nch * kN8;
@@ -1328,7 +1405,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   for (size_t t = 0; t < n; ++t) {
     const uint8_t* src = s.v + (a + t) * s.v_stride;
     uint8_t* dst = scr.tile.data() + t * ulen;
-    if (FB > 0 || z.nib || z.vbmi) {
+    if (FB > 0 || z.nib || z.inreg) {
       if (FB > 0 || kMaskedCodes || z.extent <= s.v_stride) {
         rows[t] = src;
       } else {
@@ -1401,6 +1478,9 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
   const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << z.bits) - 1));
 #endif
+#if HWY_TARGET == HWY_AVX2
+  const __m128i vshift = _mm_cvtsi32_si128(16 - z.bits);
+#endif
   const int16_t* wps[NR];
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
@@ -1440,6 +1520,9 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
 #if HWY_TARGET == HWY_AVX3_DL
         const auto ia = IdxChunkVbmi(rows[2 * p], nb, c, z.bits, vperm, vctrl, vmask);
         const auto ib = IdxChunkVbmi(rows[2 * p + 1], nb, c, z.bits, vperm, vctrl, vmask);
+#elif HWY_TARGET == HWY_AVX2
+        const auto ia = IdxChunkAvx2(rows[2 * p], nb, c, z, vshift);
+        const auto ib = IdxChunkAvx2(rows[2 * p + 1], nb, c, z, vshift);
 #else
         const auto ia = hn::LoadU(d8, rows[2 * p] + c * kN8);
         const auto ib = hn::LoadU(d8, rows[2 * p + 1] + c * kN8);
@@ -1476,7 +1559,7 @@ HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
                            AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = ctx.i16;
-  if (!z.vnni || !(z.nib || z.vbmi)) return false;
+  if (!z.vnni || !(z.nib || z.inreg)) return false;
   switch (z.bits * 16 + static_cast<int>(z.nch)) {
 #define TQ_FIXED_CASE(B, N) \
   case B * 16 + N: ScoreI16Fixed<B, N, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
@@ -1494,7 +1577,7 @@ HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
                            attn::Row* const* rs, float* const* w, AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = vctx.i16;
-  if (!z.vnni || !(z.nib || z.vbmi)) return false;
+  if (!z.vnni || !(z.nib || z.inreg)) return false;
   switch (z.bits * 16 + static_cast<int>(z.nch)) {
 #define TQ_FIXED_CASE(B, N) \
   case B * 16 + N: AccumMse16<NR, true, B, N>(vctx, s, a, b, rs, w, scr); return true;
