@@ -6,10 +6,11 @@
 // contract's order (no contraction), so this file does not depend on -fmad.
 //
 // Layout of the work: a row (one token of one KV head, D channels) is held by
-// D/32 consecutive lanes of a warp, 32 contiguous channels each, so the
-// Hadamard stages h < 32 run inside a lane and only log2(D/32) stages cross
-// lanes. Keys and values of a row are encoded by the same lanes, and nothing
-// of the row is stored unless both encode cleanly.
+// D/32 consecutive lanes of a warp, 32 channels each: contiguous for the
+// group-integer rows, strided for TurboQuant rows (Tq below), so that only
+// log2(D/32) Hadamard stages cross lanes either way. Keys and values of a row
+// are encoded by the same lanes, and nothing of the row is stored unless both
+// encode cleanly.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -67,64 +68,97 @@ __device__ __forceinline__ int Quantize(float u, const float (&b)[(1 << B) - 1])
   }
 }
 
+// TurboQuant rows are held in a strided layout: lane `sub` of a row holds,
+// of each group of 16 consecutive channels, the W = 16 / kLpr channels from
+// W * sub on (element e = j W + k is channel 16 j + W sub + k). The
+// Hadamard stages h < W and h >= 16 then run inside a lane and only the
+// log2(kLpr) stages in between cross lanes (as many as with 32 contiguous
+// channels a lane), and SumSquares16's 16 chains (channel c into
+// accumulator c % 16) lie inside the lanes: lane sub owns accumulators
+// W sub .. W sub + W - 1, with every channel of each in order. With
+// contiguous channels the chains ran through the row's lanes one after the
+// other (every lane waiting on its turn). The packed words are put back in
+// channel order by shuffles (PackTq).
 template <int D>
-__device__ __forceinline__ void Fwht(float (&y)[32], int sub) {
+struct Tq {
+  static constexpr int kLpr = D / 32;
+  static constexpr int kW = 16 / kLpr;  // channels of a group a lane holds
+  static constexpr int kG = D / 16;     // groups of 16 channels
+};
+
+// The 32 sign bits of this lane's channels, element order, from the head's
+// D/32 mask words (bit e of word w = channel 32 w + e).
+template <int D>
+__device__ __forceinline__ uint32_t LaneMask(const uint32_t* signs, int sub) {
+  constexpr int W = Tq<D>::kW;
+  uint32_t m = 0;
 #pragma unroll
-  for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      if ((j & h) == 0) {
-        const float a = y[j], b = y[j + h];
-        y[j] = __fadd_rn(a, b);
-        y[j + h] = __fsub_rn(a, b);
-      }
-    }
+  for (int j = 0; j < Tq<D>::kG; ++j) {
+    const uint32_t w = __ldg(signs + j / 2);
+    m |= ((w >> (16 * (j & 1) + W * sub)) & ((1u << W) - 1u)) << (j * W);
   }
+  return m;
+}
+
+// Unnormalized Walsh-Hadamard transform of the row, stages h = 1, 2, ...,
+// D/2 in the contract's order (docs/FORMAT.md section 2).
+template <int D>
+__device__ __forceinline__ void FwhtTq(float (&y)[32], int sub) {
+  constexpr int W = Tq<D>::kW;
 #pragma unroll
-  for (int m = 1; m < Geo<D>::kLpr; m <<= 1) {
-    // Lower lane: y + o; upper lane: o - y. Both are o + sgn·y with sgn = ±1,
-    // and sgn·y is exact, so one fused multiply-add rounds exactly as the
-    // contract's add or subtract does.
-    const float sgn = (sub & m) != 0 ? -1.0f : 1.0f;
+  for (int h = 1; h < D; h <<= 1) {
+    if (h < W || h >= 16) {
+      const int st = h < W ? h : W * (h / 16);  // element distance of the pair
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const float o = __shfl_xor_sync(kFull, y[j], m);
-      y[j] = __fmaf_rn(sgn, y[j], o);
+      for (int e = 0; e < 32; ++e) {
+        if ((e & st) == 0) {
+          const float a = y[e], b = y[e + st];
+          y[e] = __fadd_rn(a, b);
+          y[e + st] = __fsub_rn(a, b);
+        }
+      }
+    } else {
+      // Lower lane: y + o; upper lane: o - y. Both are o + sgn·y with
+      // sgn = ±1, and sgn·y is exact, so one fused multiply-add rounds
+      // exactly as the contract's add or subtract does.
+      const int m = h / W;
+      const float sgn = (sub & m) != 0 ? -1.0f : 1.0f;
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const float o = __shfl_xor_sync(kFull, y[e], m);
+        y[e] = __fmaf_rn(sgn, y[e], o);
+      }
     }
   }
 }
 
-// SumSquares16 of the row's D values (docs/FORMAT.md section 2). Channel
-// 32*sub + e lands in accumulator e % 16; each accumulator is chained through
-// the row's lanes in channel order. Every lane of the row gets the result.
+// SumSquares16 of the row's D values (docs/FORMAT.md section 2): each
+// accumulator chains its channels in order inside one lane, then the fixed
+// tree acc[l] += acc[l + s] (s = 8, 4, 2, 1). Every lane of the row gets
+// the result.
 template <int D>
-__device__ __forceinline__ float SumSquares16(const float (&y)[32], int lane, int sub) {
-  float acc[16];
+__device__ __forceinline__ float SumSquaresTq(const float (&y)[32], int lane) {
+  constexpr int W = Tq<D>::kW;
+  float acc[W];
 #pragma unroll
-  for (int l = 0; l < 16; ++l) acc[l] = 0.0f;
+  for (int k = 0; k < W; ++k) acc[k] = __fmul_rn(y[k], y[k]);  // 0 + y^2 exactly
 #pragma unroll
-  for (int s = 0; s < Geo<D>::kLpr; ++s) {
-    if (s > 0) {
+  for (int j = 1; j < Tq<D>::kG; ++j) {
 #pragma unroll
-      for (int l = 0; l < 16; ++l) acc[l] = __shfl_up_sync(kFull, acc[l], 1);
-    }
-    if (sub == s) {
-#pragma unroll
-      for (int l = 0; l < 16; ++l) {
-        acc[l] = __fadd_rn(acc[l], __fmul_rn(y[l], y[l]));
-        acc[l] = __fadd_rn(acc[l], __fmul_rn(y[l + 16], y[l + 16]));
-      }
-    }
+    for (int k = 0; k < W; ++k) acc[k] = __fadd_rn(acc[k], __fmul_rn(y[j * W + k], y[j * W + k]));
   }
 #pragma unroll
-  for (int l = 0; l < 8; ++l) acc[l] = __fadd_rn(acc[l], acc[l + 8]);
+  for (int s = 8; s >= 1; s >>= 1) {
+    if (s >= W) {
+      // acc[l + s] lies in lane sub + s / W (valid where l < s).
 #pragma unroll
-  for (int l = 0; l < 4; ++l) acc[l] = __fadd_rn(acc[l], acc[l + 4]);
-  acc[0] = __fadd_rn(acc[0], acc[2]);
-  acc[1] = __fadd_rn(acc[1], acc[3]);
-  acc[0] = __fadd_rn(acc[0], acc[1]);
-  const int last = (lane & ~(Geo<D>::kLpr - 1)) + Geo<D>::kLpr - 1;
-  return __shfl_sync(kFull, acc[0], last);
+      for (int k = 0; k < W; ++k) acc[k] = __fadd_rn(acc[k], __shfl_xor_sync(kFull, acc[k], s / W));
+    } else {
+#pragma unroll
+      for (int k = 0; k < s; ++k) acc[k] = __fadd_rn(acc[k], acc[k + s]);
+    }
+  }
+  return __shfl_sync(kFull, acc[0], lane & ~(Tq<D>::kLpr - 1));
 }
 
 template <int B>
@@ -178,35 +212,126 @@ __device__ __forceinline__ void QuantizeRow(float (&y)[32], float inv, const flo
   }
 }
 
-// TurboQuant-MSE row (docs/FORMAT.md section 5; one block: D is a power of two).
-template <int D>
-__device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], int lane, int sub,
-                                         const float* s_cent, const float* s_bnd, Encoded& out) {
-  const uint32_t m1 = c.signs1[h * (D / 32) + sub];
-  const uint32_t m2 = c.signs2[h * (D / 32) + sub];
+// Packs the strided row's B-bit codes into this lane's B words of the row
+// (channels 32 sub .. 32 sub + 31, the words StoreComp writes). Lane s needs
+// groups 2s and 2s + 1 from every lane of the row: in round r each lane
+// sends its chunks of the groups of lane sub - r and receives lane
+// sub + r's, placed at slot r; one rotation by sub slots puts every chunk
+// at its lane's position.
+// Quantizes the strided row y·inv (y replaced by the centroids) into this
+// lane's chunks: ch[j] holds the W codes of group j, B bits each in element
+// order (codes go straight into words: 32 index bytes would take a register
+// each).
+template <int D, int B>
+__device__ __forceinline__ void QuantizeTq(float (&y)[32], float inv, const float* s_cent,
+                                           const float* s_bnd, uint32_t (&ch)[Tq<D>::kG]) {
+  constexpr int W = Tq<D>::kW;
+  float b[(1 << B) - 1];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) y[e] = FlipIf(y[e], m1, e);
-  Fwht<D>(y, sub);
+  for (int k = 0; k < (1 << B) - 1; ++k) b[k] = s_bnd[k];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) y[e] = FlipIf(y[e], m2, e);
-  Fwht<D>(y, sub);
-  const float inv_n = 1.0f / static_cast<float>(D);
+  for (int j = 0; j < Tq<D>::kG; ++j) {
+    ch[j] = 0;
 #pragma unroll
-  for (int e = 0; e < 32; ++e) y[e] = __fmul_rn(y[e], inv_n);
-  const float norm = __fsqrt_rn(SumSquares16<D>(y, lane, sub));
-  const float inv = norm >= 0x1p-126f ? __fdiv_rn(1.0f, norm) : 0.0f;
-  uint8_t q[32];
-  switch (c.bits) {
-    case 1: QuantizeRow<1>(y, inv, s_cent, s_bnd, q); break;
-    case 2: QuantizeRow<2>(y, inv, s_cent, s_bnd, q); break;
-    case 3: QuantizeRow<3>(y, inv, s_cent, s_bnd, q); break;
-    default: QuantizeRow<4>(y, inv, s_cent, s_bnd, q); break;
+    for (int k = 0; k < W; ++k) {
+      const int idx = Quantize<B>(__fmul_rn(y[j * W + k], inv), b);
+      ch[j] |= static_cast<uint32_t>(idx) << (B * k);
+      y[j * W + k] = s_cent[idx];
+    }
   }
-  const float scale = __fdiv_rn(norm, __fsqrt_rn(SumSquares16<D>(y, lane, sub)));
+}
+
+// Packs the strided row's chunks into this lane's B words of the row
+// (channels 32 sub .. 32 sub + 31, the words StoreComp writes). Lane s needs
+// groups 2s and 2s + 1 from every lane of the row: in round r each lane
+// sends its chunks of the groups of lane sub - r and receives lane
+// sub + r's, placed at slot r; one rotation by sub slots puts every chunk
+// at its lane's position.
+template <int D, int B>
+__device__ __forceinline__ void PackTq(const uint32_t (&ch)[Tq<D>::kG], int lane, int sub, Encoded& out) {
+  constexpr int W = Tq<D>::kW, L = Tq<D>::kLpr;
+  constexpr int CB = W * B;   // bits of a lane's chunk of a group
+  constexpr int GB = 16 * B;  // bits of a group
+  uint64_t grp[2] = {0, 0};
+  const int base = lane & ~(L - 1);
+#pragma unroll
+  for (int r = 0; r < L; ++r) {
+    const int dst = (sub - r) & (L - 1);
+    const int src = base | ((sub + r) & (L - 1));
+    if constexpr (2 * CB <= 32) {
+      uint32_t send = ch[0] | (ch[1] << CB);
+#pragma unroll
+      for (int dd = 1; dd < L; ++dd) send = dst == dd ? (ch[2 * dd] | (ch[2 * dd + 1] << CB)) : send;
+      const uint32_t got = __shfl_sync(kFull, send, src);
+      grp[0] |= static_cast<uint64_t>(got & ((1u << CB) - 1u)) << (CB * r);
+      grp[1] |= static_cast<uint64_t>(got >> CB) << (CB * r);
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        uint32_t send = ch[jj];
+#pragma unroll
+        for (int dd = 1; dd < L; ++dd) send = dst == dd ? ch[2 * dd + jj] : send;
+        grp[jj] |= static_cast<uint64_t>(__shfl_sync(kFull, send, src)) << (CB * r);
+      }
+    }
+  }
+  constexpr uint64_t kMask = GB >= 64 ? ~0ull : (1ull << (GB % 64)) - 1ull;
+  const int rot = CB * sub;
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    if (rot != 0) grp[jj] = ((grp[jj] << rot) | (grp[jj] >> (GB - rot))) & kMask;
+  }
+#pragma unroll
+  for (int i = 0; i < B; ++i) {
+    const int o = 32 * i;
+    uint32_t w;
+    if (o < GB) {
+      w = static_cast<uint32_t>(grp[0] >> o);
+      if (o + 32 > GB) w |= static_cast<uint32_t>(grp[1] << (GB - o));
+    } else {
+      w = static_cast<uint32_t>(grp[1] >> (o - GB));
+    }
+    out.w[i] = w;
+  }
+}
+
+// The B-bit part of a TurboQuant row: codes, the scale, the packed words.
+template <int D, int B>
+__device__ __forceinline__ void FinishTq(float (&y)[32], float norm, int lane, int sub, const float* s_cent,
+                                         const float* s_bnd, Encoded& out) {
+  const float inv = norm >= 0x1p-126f ? __fdiv_rn(1.0f, norm) : 0.0f;
+  uint32_t ch[Tq<D>::kG];
+  QuantizeTq<D, B>(y, inv, s_cent, s_bnd, ch);
+  const float scale = __fdiv_rn(norm, __fsqrt_rn(SumSquaresTq<D>(y, lane)));
   const uint16_t hs = __half_as_ushort(__float2half_rn(scale));
   out.meta0 = hs;
   out.ok = (hs & 0x7C00u) != 0x7C00u;
-  PackAny(c.bits, q, out);
+  PackTq<D, B>(ch, lane, sub, out);
+}
+
+// TurboQuant-MSE row (docs/FORMAT.md section 5; one block: D is a power of
+// two), from the strided row y (LoadTq).
+template <int D>
+__device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], int lane, int sub,
+                                         const float* s_cent, const float* s_bnd, Encoded& out) {
+  const uint32_t m1 = LaneMask<D>(c.signs1 + h * (D / 32), sub);
+  const uint32_t m2 = LaneMask<D>(c.signs2 + h * (D / 32), sub);
+#pragma unroll
+  for (int e = 0; e < 32; ++e) y[e] = FlipIf(y[e], m1, e);
+  FwhtTq<D>(y, sub);
+#pragma unroll
+  for (int e = 0; e < 32; ++e) y[e] = FlipIf(y[e], m2, e);
+  FwhtTq<D>(y, sub);
+  const float inv_n = 1.0f / static_cast<float>(D);
+#pragma unroll
+  for (int e = 0; e < 32; ++e) y[e] = __fmul_rn(y[e], inv_n);
+  const float norm = __fsqrt_rn(SumSquaresTq<D>(y, lane));
+  switch (c.bits) {
+    case 1: FinishTq<D, 1>(y, norm, lane, sub, s_cent, s_bnd, out); break;
+    case 2: FinishTq<D, 2>(y, norm, lane, sub, s_cent, s_bnd, out); break;
+    case 3: FinishTq<D, 3>(y, norm, lane, sub, s_cent, s_bnd, out); break;
+    default: FinishTq<D, 4>(y, norm, lane, sub, s_cent, s_bnd, out); break;
+  }
 }
 
 // Group-integer row (docs/FORMAT.md section 10): groups of c.group >= 32
@@ -343,6 +468,63 @@ __device__ __forceinline__ bool LoadCentered(const T* src, const float* mean, in
   return finite;
 }
 
+// Loads NB bytes (4, 8, 16 or 32; p aligned to min(NB, 16)) as words.
+template <int NB>
+__device__ __forceinline__ void LoadWords(const void* p, uint32_t (&w)[NB / 4]) {
+  if constexpr (NB == 4) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else if constexpr (NB == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < NB / 16; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x;
+      w[4 * i + 1] = v.y;
+      w[4 * i + 2] = v.z;
+      w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float ElemOf(const uint32_t* w, int i);
+template <>
+__device__ __forceinline__ float ElemOf<float>(const uint32_t* w, int i) { return __uint_as_float(w[i]); }
+template <>
+__device__ __forceinline__ float ElemOf<__half>(const uint32_t* w, int i) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>((i & 1) ? w[i / 2] >> 16 : w[i / 2] & 0xffffu)));
+}
+template <>
+__device__ __forceinline__ float ElemOf<__nv_bfloat16>(const uint32_t* w, int i) {
+  return __uint_as_float((i & 1) ? (w[i / 2] & 0xffff0000u) : (w[i / 2] << 16));
+}
+
+// LoadCentered for TurboQuant rows: this lane's channels in the strided
+// layout (Tq), minus the mean where there is one.
+template <int D, typename T>
+__device__ __forceinline__ bool LoadTq(const T* src, const float* mean, int sub, float (&x)[32]) {
+  constexpr int W = Tq<D>::kW;
+  constexpr int NB = W * static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int j = 0; j < Tq<D>::kG; ++j) {
+    uint32_t w[NB / 4];
+    LoadWords<NB>(src + 16 * j + W * sub, w);
+#pragma unroll
+    for (int k = 0; k < W; ++k) x[j * W + k] = ElemOf<T>(w, k);
+  }
+  if (mean != nullptr) {  // x - 0 would be x: without a mean nothing is subtracted
+#pragma unroll
+    for (int e = 0; e < 32; ++e) x[e] = __fsub_rn(x[e], mean[16 * (e / W) + W * sub + e % W]);
+  }
+  bool finite = true;
+#pragma unroll
+  for (int e = 0; e < 32; ++e) finite = finite && isfinite(x[e]);
+  return finite;
+}
+
 // dst is 4-byte aligned, 8-byte aligned for 2 words, 16-byte for 4 and 8.
 // Constant indices only: `w` stays in registers.
 __device__ __forceinline__ void StoreWords(uint8_t* dst, const uint32_t (&w)[8], int words) {
@@ -403,11 +585,14 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
   }
 }
 
-// At most 102 registers a thread (5 blocks of 128 threads a SM): at the
-// compiler's 113-126 the kernel fit 4 blocks, and with 25% more warps to hide
-// latency it writes 6-19% faster (H200, same run; docs/BENCHMARKS.md).
+// At most 85 registers a thread (6 blocks of 128 threads a SM; 80 used at
+// d 128, no spills). With the strided TurboQuant rows and their codes packed
+// as they are found, 6 blocks wrote 2-7% faster than 5 and as fast as 7 or 8
+// (H200, one call, docs/BENCHMARKS.md run 8); with 32 contiguous channels a
+// lane and index bytes in registers, 6 blocks had spilled and measured slower.
+constexpr int kWriteMinBlocks = 6;
 template <int D, typename T>
-__global__ void __launch_bounds__(kWarps * 32, 5)
+__global__ void __launch_bounds__(kWarps * 32, kWriteMinBlocks)
     WriteKernel(Layer L, const T* __restrict__ k, const T* __restrict__ v,
                 const int64_t* __restrict__ slots, long long tokens, WriteCounters* counters) {
   __shared__ float s_tab[4][16];  // K centroids, K boundaries, V centroids, V boundaries
@@ -439,12 +624,15 @@ __global__ void __launch_bounds__(kWarps * 32, 5)
   // Every lane runs the whole encode (shuffles need the full warp); rows that
   // are not live read row 0 and store nothing.
   const long long src = (live ? t * L.H + h : 0) * static_cast<long long>(D);
+  Encoded ek, ev;
   float x[32];
-  bool finite = LoadCentered<D, T>(k + src, L.k.mean != nullptr ? L.k.mean + h * D : nullptr, sub, x);
-  Encoded ek;
+  const float* kmean = L.k.mean != nullptr ? L.k.mean + h * D : nullptr;
+  const float* vmean = L.v.mean != nullptr ? L.v.mean + h * D : nullptr;
+  bool finite = L.k.kind == kCompTq ? LoadTq<D, T>(k + src, kmean, sub, x)
+                                    : LoadCentered<D, T>(k + src, kmean, sub, x);
   EncodeComp<D>(L.k, h, x, lane, sub, s_tab[0], s_tab[1], ek);
-  finite = LoadCentered<D, T>(v + src, L.v.mean != nullptr ? L.v.mean + h * D : nullptr, sub, x) && finite;
-  Encoded ev;
+  finite = (L.v.kind == kCompTq ? LoadTq<D, T>(v + src, vmean, sub, x)
+                                : LoadCentered<D, T>(v + src, vmean, sub, x)) && finite;
   EncodeComp<D>(L.v, h, x, lane, sub, s_tab[2], s_tab[3], ev);
   // Row-wide verdicts (all lanes of the row agree after these reductions).
   bool all_finite = finite, scales_ok = ek.ok && ev.ok;
