@@ -209,6 +209,7 @@ struct I16Book {
   // AVX2 by vpshufb + vpmullw (IdxChunkAvx2); else unpacked to bytes first.
   bool inreg = false;
   int bits = 0;
+  size_t qjl = 0;             // prod keys: QJL sign bits a row (0: MSE keys)
   // AVX3_DL: code bytes of group i of a chunk to 64-bit lane i (perm), bit
   // offset of coordinate k in its lane (ctrl). AVX2: the two byte shuffles
   // (perm[0..32), perm[32..64)) and two int16 multipliers (ctrl as int16).
@@ -302,6 +303,9 @@ struct AScratch {
   std::vector<float> tmp;
   std::vector<int16_t> q16;   // integer kernels: per task row, the int16 query (ScoreMse16 order)
   std::vector<float> qinv;    // per task row: 1 / (query scale * centroid scale)
+  std::vector<int16_t> qs16;  // prod keys: per task row, the int16 QJL sketch (natural order)
+  std::vector<float> qsinv;   // prod keys: per task row, 1 / sketch scale
+  std::vector<float> qsall;   // prod keys: per task row, the sum of its int16 sketch
   std::vector<float> priv;    // per task row: value sums in AccumMse16 order
   std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
 };
@@ -724,13 +728,19 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
   if (c == nullptr) return;
   int bits = 0;
   const float* cent = nullptr;
-  if (c->fmt == Fmt::kMse && c->fast_mse && c->num_groups == 1) {
+  z->qjl = 0;
+  if ((c->fmt == Fmt::kMse || (keys && c->fmt == Fmt::kProd)) && c->fast_mse && c->num_groups == 1) {
     const CodecPlan& plan = *c->groups[0].plan;
     if (plan.num_blocks != 1 || plan.dim != d) return;
     bits = plan.mse_bits;
     cent = plan.blocks[0].centroids;
     z->nbytes = plan.index_bytes;
     z->asym = false;
+    // Prod keys: the sign bits are read kN16 at a time as lane masks.
+    if (c->fmt == Fmt::kProd) {
+      z->qjl = plan.qjl_dim;
+      if (z->qjl == 0 || z->qjl % kN16 != 0 || z->qjl % 8 != 0) return;
+    }
   } else if (!keys && c->fmt == Fmt::kIntAsym && c->group_size == d && c->meta_bytes == 4) {
     bits = c->bits;
     z->nbytes = c->payload_bytes;
@@ -854,6 +864,33 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
     }
     scr.qinv[r] = 1.0f / (qs * z.cscale);
   }
+  if (z.qjl == 0) return;
+  // Prod keys: the QJL sketch S q' to int16 (|q| <= 16383; a lane sums
+  // 2 m / kN16 products of |q| with 0 or -1, far inside int32).
+  const size_t m = z.qjl;
+  scr.qs16.assign(task.num_rows * m, 0);
+  scr.qsinv.assign(task.num_rows, 0.0f);
+  scr.qsall.assign(task.num_rows, 0.0f);
+  if (scr.tmp.size() < m) scr.tmp.resize(m);
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const float* q = task.rows[r].qsk;
+    if (q == nullptr) continue;
+    float mx = 0.0f;
+    for (size_t j = 0; j < m; ++j) mx = std::max(mx, std::fabs(q[j]));
+    if (!(mx > 0.0f)) continue;  // zero sketch: the sign term is 0
+    const float qs = 16383.0f / mx;
+    float* f = scr.tmp.data();
+    for (size_t j = 0; j < m; ++j) f[j] = q[j] * qs;
+    int16_t* o = scr.qs16.data() + r * m;
+    const hn::Rebind<int16_t, AF> dh;
+    for (size_t i = 0; i < m; i += kL) {
+      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::LoadU(AF(), f + i))), dh, o + i);
+    }
+    long sum = 0;
+    for (size_t j = 0; j < m; ++j) sum += o[j];
+    scr.qsinv[r] = 1.0f / qs;
+    scr.qsall[r] = static_cast<float>(sum);
+  }
 }
 
 // Int16 centroids of index bytes ix (one 16-entry table per 128-bit block):
@@ -960,7 +997,12 @@ HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> ac
   return hn::ReorderWidenMulAccumulate(B32(), a, b, acc, acc2);
 }
 
-template <size_t NR, bool kVnni>
+// kQjl (prod keys): the (b-1)-bit MSE part as for MSE keys plus the QJL term
+// sqrt(pi/2)/m * gamma * sum_k (S q')_k (2 bit_k - 1), the sketch in int16:
+// with the set bits as -1 lanes, one multiply-add a kN16 bits gives
+// A = -sum_{bit set} q16, and the signed sum is -2A - sum_k q16 (exact
+// integers).
+template <size_t NR, bool kVnni, bool kQjl = false>
 HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
                              attn::Row* const* rs, const float* koff, float* const* lg,
                              AScratch& scr) {
@@ -984,6 +1026,20 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     q[r] = scr.q16.data() + ri * len;
     qi[r] = scr.qinv[ri];
   }
+  const size_t m = kQjl ? z.qjl : 0;
+  const float qjl_coef = kQjl ? static_cast<float>(1.2533141373155002512 / static_cast<double>(m)) : 0.0f;
+  const int16_t* qs[NR];
+  float qsi[NR], qsa[NR];
+  if constexpr (kQjl) {
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+      qs[r] = scr.qs16.data() + ri * m;
+      qsi[r] = scr.qsinv[ri];
+      qsa[r] = scr.qsall[ri];
+    }
+  }
+  HWY_ALIGN AV qparts[kQjl ? NR : 1][kL];
   // Non-nibble widths: a group's rows unpacked to bytes before they are read
   // (a load right after the unpacking's narrower stores would stall).
   const size_t ulen = z.nch * kN8;
@@ -1028,8 +1084,24 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     for (size_t tt = 0; tt < kL; ++tt) {
       if (tt >= nt) {
         HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        for (size_t r = 0; r < NR; ++r) {
+          parts[r][tt] = hn::Zero(df);
+          if constexpr (kQjl) qparts[r][tt] = hn::Zero(df);
+        }
         continue;
+      }
+      if constexpr (kQjl) {
+        const uint8_t* sg = s.k + (t0 + tt) * s.k_stride + plan.sign_offset;
+        hn::Vec<B32> g[NR], h[NR];
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) g[r] = h[r] = hn::Zero(d32);
+        for (size_t c = 0; c < m; c += kN16) {
+          const auto vm = hn::VecFromMask(d16, hn::LoadMaskBits(d16, sg + c / 8));
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) g[r] = MulAcc16<kVnni>(vm, hn::LoadU(d16, qs[r] + c), g[r], h[r]);
+        }
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) qparts[r][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(g[r], h[r]));
       }
       hn::Vec<B32> a0 = hn::Zero(d32), a1 = a0, a2 = a0, a3 = a0;
       hn::Vec<B32> b0 = a0, b1 = a0, b2 = a0, b3 = a0;  // second sums (targets that reorder)
@@ -1089,12 +1161,21 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
       if constexpr (NR > 3) parts[3][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a3, b3));
     }
     const AV scv = hn::Load(df, sc);
+    HWY_ALIGN float gsc[kL] = {};  // prod keys: sqrt(pi/2)/m * gamma of each token
+    if constexpr (kQjl) {
+      const size_t go = plan.resid_offset - plan.scale_offset;
+      for (size_t tt = 0; tt < nt; ++tt) gsc[tt] = qjl_coef * Scale(plan, s.km + (t0 + tt) * s.km_stride + go);
+    }
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
-      hn::Store(hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]),
-                           hn::Set(df, koff[r])),
-                df, sums);
+      AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
+      if constexpr (kQjl) {
+        // (-2A - sum q16) / sketch scale, times the token's factor.
+        const AV sgn = hn::MulAdd(ReduceVectors(qparts[r]), hn::Set(df, -2.0f), hn::Set(df, -qsa[r]));
+        tot = hn::MulAdd(hn::Mul(sgn, hn::Set(df, qsi[r])), hn::Load(df, gsc), tot);
+      }
+      hn::Store(tot, df, sums);
       for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
     }
   }
@@ -1627,6 +1708,12 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       if (kc.fast_mse) return ScoreMseFast<NR>(ctx, s, a, b, q, q, koff, lg, scr);
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, ctx.luts[0]), s, a, b, d, q, koff, lg, scr);
     case Fmt::kProd:
+#ifdef TQ_ATTN_I16
+      if (ctx.i16.on) {  // (b-1)-bit MSE part and QJL signs, both as int16 dot products
+        if (ctx.i16.vnni) return ScoreMse16<NR, true, true>(ctx, s, a, b, rs, koff, lg, scr);
+        return ScoreMse16<NR, false, true>(ctx, s, a, b, rs, koff, lg, scr);
+      }
+#endif
       if (kc.fast_mse) {  // (b-1)-bit MSE part by the fast kernel, QJL signs on top
         const float* qs[NR];
         for (size_t r = 0; r < NR; ++r) {
