@@ -47,8 +47,8 @@ if [ "$MODE" = "quick" ]; then
   args=(--presets k3_v3,k4_v4,k8_v4 --batch 1,16 --context 4096,32768)
   pargs=(--batch 1,16 --context 4096,32768)
 else
-  args=(--presets k3_v3,k4_v3,k4_v4,k8_v4 --batch 1,16,32 --context 4096,32768,131072 --reps 7)
-  pargs=(--batch 1,16,32 --context 4096,32768,131072)
+  args=(--presets k3_v3,k4_v3,k4_v4,k8_v4 --batch 1,8,16,32 --context 4096,32768,131072 --reps 7)
+  pargs=(--batch 1,8,16,32 --context 4096,32768,131072)
 fi
 echo "== tq_cuda_bench ${args[*]}"
 "$CARRY/bin/tq_cuda_bench" "${args[@]}" > "$OUT/tq.json" 2>> "$OUT/tq.log"; echo "bench rc=$?"
