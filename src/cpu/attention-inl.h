@@ -997,11 +997,94 @@ HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> ac
   return hn::ReorderWidenMulAccumulate(B32(), a, b, acc, acc2);
 }
 
-// kQjl (prod keys): the (b-1)-bit MSE part as for MSE keys plus the QJL term
-// sqrt(pi/2)/m * gamma * sum_k (S q')_k (2 bit_k - 1), the sketch in int16:
-// with the set bits as -1 lanes, one multiply-add a kN16 bits gives
-// A = -sum_{bit set} q16, and the signed sum is -2A - sum_k q16 (exact
-// integers).
+// Prod keys' QJL term sqrt(pi/2)/m * gamma * sum_k (S q')_k (2 bit_k - 1)
+// with the sketch in int16 (PrepareQ16): with the set bits as -1 lanes, one
+// multiply-add a kN16 bits gives A = -sum_{bit set} q16, and the signed sum
+// is -2A - sum_k q16 (exact integers).
+template <size_t NR>
+struct Qjl16 {
+  const int16_t* qs[NR];
+  float qsi[NR], qsa[NR];
+  size_t m = 0;
+  float coef = 0.0f;
+};
+template <size_t NR>
+HWY_INLINE Qjl16<NR> MakeQjl16(const attn::Task& task, const I16Book& z, attn::Row* const* rs,
+                               const AScratch& scr) {
+  Qjl16<NR> c;
+  c.m = z.qjl;
+  c.coef = static_cast<float>(1.2533141373155002512 / static_cast<double>(c.m));
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+    c.qs[r] = scr.qs16.data() + ri * c.m;
+    c.qsi[r] = scr.qsinv[ri];
+    c.qsa[r] = scr.qsall[ri];
+  }
+  return c;
+}
+// A of each row for one token's sign bits sg, as float lanes to be summed.
+template <size_t NR, bool kVnni>
+HWY_INLINE void QjlToken(const Qjl16<NR>& c, const uint8_t* sg, AV* out) {
+  const B16 d16;
+  const B32 d32;
+  hn::Vec<B32> g[NR], h[NR];
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) g[r] = h[r] = hn::Zero(d32);
+  for (size_t k = 0; k < c.m; k += kN16) {
+    const auto vm = hn::VecFromMask(d16, hn::LoadMaskBits(d16, sg + k / 8));
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) g[r] = MulAcc16<kVnni>(vm, hn::LoadU(d16, c.qs[r] + k), g[r], h[r]);
+  }
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) out[r] = hn::ConvertTo(AF(), hn::RearrangeToOddPlusEven(g[r], h[r]));
+}
+// The term of row r for the nt tokens from t0 (parts: QjlToken's lanes per
+// token, zero past nt), lanes in token order.
+template <size_t NR>
+HWY_INLINE AV QjlTerms(const Qjl16<NR>& c, const CodecPlan& plan, const attn::Seg& s, size_t t0,
+                       size_t nt, size_t r, AV* parts) {
+  const AF df;
+  HWY_ALIGN float gsc[kL] = {};  // sqrt(pi/2)/m * gamma of each token
+  const size_t go = plan.resid_offset - plan.scale_offset;
+  for (size_t tt = 0; tt < nt; ++tt) gsc[tt] = c.coef * Scale(plan, s.km + (t0 + tt) * s.km_stride + go);
+  const AV sgn = hn::MulAdd(ReduceVectors(parts), hn::Set(df, -2.0f), hn::Set(df, -c.qsa[r]));
+  return hn::Mul(hn::Mul(sgn, hn::Set(df, c.qsi[r])), hn::Load(df, gsc));
+}
+
+// Adds prod keys' QJL term to scores already holding the MSE part (after
+// the fixed-shape MSE kernel).
+template <size_t NR, bool kVnni>
+HWY_NOINLINE void AddQjl16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                           attn::Row* const* rs, float* const* lg, AScratch& scr) {
+  const AF df;
+  const CodecPlan& plan = *ctx.kc->groups[0].plan;
+  const Qjl16<NR> c = MakeQjl16<NR>(*ctx.task, ctx.i16, rs, scr);
+  HWY_ALIGN AV parts[NR][kL];
+  for (size_t t0 = a; t0 < b; t0 += kL) {
+    const size_t nt = std::min(kL, b - t0);
+    for (size_t tt = 0; tt < kL; ++tt) {
+      AV out[NR];
+      if (tt < nt) {
+        QjlToken<NR, kVnni>(c, s.k + (t0 + tt) * s.k_stride + plan.sign_offset, out);
+      } else {
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) out[r] = hn::Zero(df);
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) parts[r][tt] = out[r];
+    }
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_ALIGN float add[kL];
+      hn::Store(QjlTerms<NR>(c, plan, s, t0, nt, r, parts[r]), df, add);
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] += add[tt];
+    }
+  }
+}
+
+// kQjl (prod keys): the (b-1)-bit MSE part as for MSE keys plus the QJL
+// term (Qjl16), in the same pass over the tokens.
 template <size_t NR, bool kVnni, bool kQjl = false>
 HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
                              attn::Row* const* rs, const float* koff, float* const* lg,
@@ -1026,19 +1109,8 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     q[r] = scr.q16.data() + ri * len;
     qi[r] = scr.qinv[ri];
   }
-  const size_t m = kQjl ? z.qjl : 0;
-  const float qjl_coef = kQjl ? static_cast<float>(1.2533141373155002512 / static_cast<double>(m)) : 0.0f;
-  const int16_t* qs[NR];
-  float qsi[NR], qsa[NR];
-  if constexpr (kQjl) {
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const size_t ri = static_cast<size_t>(rs[r] - task.rows);
-      qs[r] = scr.qs16.data() + ri * m;
-      qsi[r] = scr.qsinv[ri];
-      qsa[r] = scr.qsall[ri];
-    }
-  }
+  Qjl16<NR> qc;
+  if constexpr (kQjl) qc = MakeQjl16<NR>(task, z, rs, scr);
   HWY_ALIGN AV qparts[kQjl ? NR : 1][kL];
   // Non-nibble widths: a group's rows unpacked to bytes before they are read
   // (a load right after the unpacking's narrower stores would stall).
@@ -1091,17 +1163,10 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
         continue;
       }
       if constexpr (kQjl) {
-        const uint8_t* sg = s.k + (t0 + tt) * s.k_stride + plan.sign_offset;
-        hn::Vec<B32> g[NR], h[NR];
+        AV out[NR];
+        QjlToken<NR, kVnni>(qc, s.k + (t0 + tt) * s.k_stride + plan.sign_offset, out);
         HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) g[r] = h[r] = hn::Zero(d32);
-        for (size_t c = 0; c < m; c += kN16) {
-          const auto vm = hn::VecFromMask(d16, hn::LoadMaskBits(d16, sg + c / 8));
-          HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) g[r] = MulAcc16<kVnni>(vm, hn::LoadU(d16, qs[r] + c), g[r], h[r]);
-        }
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) qparts[r][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(g[r], h[r]));
+        for (size_t r = 0; r < NR; ++r) qparts[r][tt] = out[r];
       }
       hn::Vec<B32> a0 = hn::Zero(d32), a1 = a0, a2 = a0, a3 = a0;
       hn::Vec<B32> b0 = a0, b1 = a0, b2 = a0, b3 = a0;  // second sums (targets that reorder)
@@ -1161,20 +1226,11 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
       if constexpr (NR > 3) parts[3][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a3, b3));
     }
     const AV scv = hn::Load(df, sc);
-    HWY_ALIGN float gsc[kL] = {};  // prod keys: sqrt(pi/2)/m * gamma of each token
-    if constexpr (kQjl) {
-      const size_t go = plan.resid_offset - plan.scale_offset;
-      for (size_t tt = 0; tt < nt; ++tt) gsc[tt] = qjl_coef * Scale(plan, s.km + (t0 + tt) * s.km_stride + go);
-    }
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
       AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
-      if constexpr (kQjl) {
-        // (-2A - sum q16) / sketch scale, times the token's factor.
-        const AV sgn = hn::MulAdd(ReduceVectors(qparts[r]), hn::Set(df, -2.0f), hn::Set(df, -qsa[r]));
-        tot = hn::MulAdd(hn::Mul(sgn, hn::Set(df, qsi[r])), hn::Load(df, gsc), tot);
-      }
+      if constexpr (kQjl) tot = hn::Add(tot, QjlTerms<NR>(qc, plan, s, t0, nt, r, qparts[r]));
       hn::Store(tot, df, sums);
       for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
     }
@@ -1710,6 +1766,9 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     case Fmt::kProd:
 #ifdef TQ_ATTN_I16
       if (ctx.i16.on) {  // (b-1)-bit MSE part and QJL signs, both as int16 dot products
+        if (ScoreFixed<NR>(ctx, s, a, b, rs, koff, lg, scr)) {  // AVX3_DL: MSE part, then the signs
+          return AddQjl16<NR, true>(ctx, s, a, b, rs, lg, scr);
+        }
         if (ctx.i16.vnni) return ScoreMse16<NR, true, true>(ctx, s, a, b, rs, koff, lg, scr);
         return ScoreMse16<NR, false, true>(ctx, s, a, b, rs, koff, lg, scr);
       }
