@@ -240,6 +240,9 @@ struct RowDecoder {
   const CodecPlan* plan = nullptr;  // MSE
   const Lut* luts = nullptr;        // MSE, per block
   const float* bscale = nullptr;    // MSE: this row's block scales
+  // int8 / int-asym with power-of-two groups, at most 8 a row: the row's
+  // group scales (int-asym: scale, zero pairs) decoded once, in bscale.
+  int gshift = -1;
   HWY_INLINE size_t BlockOf(size_t j) const {
     size_t b = 0;
     while (b + 1 < plan->num_blocks && j >= plan->blocks[b + 1].offset) ++b;
@@ -258,10 +261,15 @@ struct RowDecoder {
       case Fmt::kInt8: {
         const hn::Rebind<int8_t, AF> d8;
         const AV x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p) + j)));
+        if (gshift >= 0) return hn::Mul(x, hn::Set(df, bscale[j >> gshift]));
         return hn::Mul(x, hn::Set(df, Half(meta + 2 * (j / group_size))));
       }
       case Fmt::kIntAsym: {
         const AV x = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(A8(), u + j)));
+        if (gshift >= 0) {
+          const size_t g = j >> gshift;
+          return hn::MulAdd(x, hn::Set(df, bscale[2 * g]), hn::Set(df, bscale[2 * g + 1]));
+        }
         const size_t g = j / group_size;
         return hn::MulAdd(x, hn::Set(df, Half(meta + 4 * g)), hn::Set(df, Half(meta + 4 * g + 2)));
       }
@@ -327,6 +335,7 @@ struct DecodeInfo {
   const Lut* luts = nullptr;        // MSE
   // Every vector chunk lies inside one scale group / rotation block.
   bool vec_ok = true;
+  int gshift = -1;  // int8 / int-asym: log2(group_size) where RowDecoder keeps the scales
 };
 
 HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
@@ -336,7 +345,17 @@ HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
   in.group_size = c->group_size;
   in.bits = c->bits;
   in.payload_bytes = c->payload_bytes;
-  if (fmt == Fmt::kInt8 || fmt == Fmt::kIntAsym) in.vec_ok = c->group_size % kL == 0;
+  if (fmt == Fmt::kInt8 || fmt == Fmt::kIntAsym) {
+    in.vec_ok = c->group_size % kL == 0;
+    const size_t g = c->group_size;
+    const size_t ng = c->meta_bytes / (fmt == Fmt::kInt8 ? 2 : 4);  // the meta is the groups' scales
+    // Scales decoded once a row (bscale holds kMaxBlocks floats: 8 pairs).
+    if (g > 0 && (g & (g - 1)) == 0 && ng >= 1 && ng <= 8) {
+      int sh = 0;
+      while ((size_t{1} << sh) < g) ++sh;
+      in.gshift = sh;
+    }
+  }
   if (fmt == Fmt::kMse) {
     in.plan = c->groups[0].plan;
     in.luts = luts;
@@ -351,6 +370,20 @@ HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
 HWY_INLINE RowDecoder MakeDecoder(const DecodeInfo& in, const uint8_t* p, const uint8_t* meta,
                                   size_t d, uint8_t* ubuf, float* bscale) {
   RowDecoder dec{in.fmt, in.group_size, p, meta};
+  if (in.gshift >= 0 && meta != nullptr && (d + in.group_size - 1) / in.group_size <= 8) {
+    // int8 / int-asym group scales, once a row
+    const size_t ng = (d + in.group_size - 1) / in.group_size;
+    for (size_t g = 0; g < ng; ++g) {
+      if (in.fmt == Fmt::kInt8) {
+        bscale[g] = Half(meta + 2 * g);
+      } else {
+        bscale[2 * g] = Half(meta + 4 * g);
+        bscale[2 * g + 1] = Half(meta + 4 * g + 2);
+      }
+    }
+    dec.bscale = bscale;
+    dec.gshift = in.gshift;
+  }
   if (in.fmt == Fmt::kIntAsym) {
     if (in.bits == 8) {
       dec.u = p;  // 8-bit codes are the bytes themselves
