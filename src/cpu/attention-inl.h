@@ -1891,6 +1891,24 @@ HWY_NOINLINE void AccumDecodedT(const DecodeInfo& info, const attn::Seg& s, size
   }
   size_t j = 0;
   if (info.vec_ok) {
+    // Two chunks a pass: each weight is broadcast once for both (on AVX2 the
+    // broadcasts had been as many instructions as the multiply-adds).
+    for (; j + 2 * kL <= d; j += 2 * kL) {
+      Regs<NR> acc, acc2;
+      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, rs[r]->acc + j));
+      TQ_FOR_R(TQ_REG(acc2) = hn::LoadU(df, rs[r]->acc + j + kL));
+      for (size_t t = 0; t < n; ++t) {
+        const AV v0 = decs[t].template Chunk<F>(j);
+        const AV v1 = decs[t].template Chunk<F>(j + kL);
+        TQ_FOR_R({
+          const AV wv = hn::Set(df, w[r][t]);
+          TQ_REG(acc) = hn::MulAdd(wv, v0, TQ_REG(acc));
+          TQ_REG(acc2) = hn::MulAdd(wv, v1, TQ_REG(acc2));
+        });
+      }
+      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, rs[r]->acc + j));
+      TQ_FOR_R(hn::StoreU(TQ_REG(acc2), df, rs[r]->acc + j + kL));
+    }
     for (; j + kL <= d; j += kL) {
       Regs<NR> acc;
       TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, rs[r]->acc + j));
