@@ -1763,6 +1763,85 @@ HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
 #undef TQ_FIXED_SHAPES
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// Split keys (each group a TurboQuant codec row inside the split row, at its
+// row_offset, with its own scales): per group and token the indices are
+// unpacked once and every block's centroids looked up once for all NR query
+// rows (GQA), then the QJL sign term per row. The codec's own scorer (the
+// path below this one) took one query row at a time.
+HWY_INLINE bool SplitRowsOk(const attn::Comp& kc) {
+  if (kc.fmt != Fmt::kSplit) return false;
+  for (int g = 0; g < kc.num_groups; ++g) {
+    const CodecPlan& plan = *kc.groups[g].plan;
+    if (plan.mix != nullptr || !plan.hadamard) return false;
+    for (size_t b = 0; b < plan.num_blocks; ++b) {
+      if (plan.blocks[b].size % kL != 0) return false;
+    }
+  }
+  return true;
+}
+template <size_t NR>
+HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                                 attn::Row* const* rs, const float* koff, float* const* lg,
+                                 AScratch& scr) {
+  const AF df;
+  const attn::Comp& kc = *ctx.kc;
+  const size_t n = b - a;
+  for (size_t r = 0; r < NR; ++r) {
+    for (size_t t = 0; t < n; ++t) lg[r][t] = koff[r];
+  }
+  HWY_ALIGN AV parts[NR][kL];
+  float bscale[kMaxBlocks];
+  for (int g = 0; g < kc.num_groups; ++g) {
+    const attn::Group& gr = kc.groups[g];
+    const CodecPlan& plan = *gr.plan;
+    const size_t dg = plan.dim, m = plan.qjl_dim;
+    const float* q[NR];
+    const float* qs[NR];
+    for (size_t r = 0; r < NR; ++r) {
+      q[r] = rs[r]->qrot + gr.rot_offset;
+      qs[r] = rs[r]->qsk != nullptr ? rs[r]->qsk + gr.sketch_offset : nullptr;
+    }
+    DecodeInfo info;
+    info.fmt = Fmt::kMse;
+    info.plan = &plan;
+    info.luts = ctx.luts[g];
+    const float qjl_coef = m > 0 ? static_cast<float>(1.2533141373155002512 / static_cast<double>(m)) : 0.0f;
+    for (size_t t0 = a; t0 < b; t0 += kL) {
+      const size_t nt = std::min(kL, b - t0);
+      float qjl[NR][kL] = {};
+      for (size_t tt = 0; tt < kL; ++tt) {
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        if (tt >= nt) continue;
+        const uint8_t* row = s.k + (t0 + tt) * s.k_stride + gr.row_offset;
+        if (plan.mse_bits > 0) {
+          const RowDecoder dec = MakeDecoder(info, row, row + plan.scale_offset, dg, scr.idx.data(), bscale);
+          Regs<NR> acc;
+          TQ_FOR_R(TQ_REG(acc) = hn::Zero(df));
+          for (size_t j = 0; j < dg; j += kL) {
+            const AV kv = dec.template Chunk<Fmt::kMse>(j);
+            TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::LoadU(df, q[r] + j), kv, TQ_REG(acc)));
+          }
+          TQ_FOR_R(parts[r][tt] = TQ_REG(acc));
+        }
+        if (m > 0) {
+          const float gamma = qjl_coef * Scale(plan, row + plan.resid_offset);
+          const uint8_t* signs = row + plan.sign_offset;
+          for (size_t r = 0; r < NR; ++r) {
+            if (qs[r] != nullptr) qjl[r][tt] = gamma * SignDotAttn(qs[r], signs, m);
+          }
+        }
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        HWY_ALIGN float sums[kL];
+        hn::Store(ReduceVectors(parts[r]), df, sums);
+        for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] += sums[tt] + qjl[r][tt];
+      }
+    }
+  }
+}
+
 // Scores of tokens [a, b) of segment s for rows rs[0..NR) into logits rows.
 template <size_t NR>
 HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
@@ -1816,6 +1895,7 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       }
       [[fallthrough]];
     case Fmt::kSplit: {
+      if (kc.fmt == Fmt::kSplit && SplitRowsOk(kc)) return ScoreSplitRows<NR>(ctx, s, a, b, rs, koff, lg, scr);
       // Each TurboQuant group's codec rows of the tile are gathered into one
       // contiguous block (they may sit inside split rows or in two planes),
       // then scored for every query row in one call of the codec's scorer.
