@@ -1790,6 +1790,7 @@ HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a
     for (size_t t = 0; t < n; ++t) lg[r][t] = koff[r];
   }
   HWY_ALIGN AV parts[NR][kL];
+  HWY_ALIGN AV sparts[NR][kL];  // QJL: per token, the lanes of sum_{bit set} (S q')_k
   float bscale[kMaxBlocks];
   for (int g = 0; g < kc.num_groups; ++g) {
     const attn::Group& gr = kc.groups[g];
@@ -1797,10 +1798,18 @@ HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a
     const size_t dg = plan.dim, m = plan.qjl_dim;
     const float* q[NR];
     const float* qs[NR];
+    float qsum[NR] = {};  // sum_k (S q')_k: the signed sum is 2 * (set part) - qsum
+    bool sketch = m > 0;
     for (size_t r = 0; r < NR; ++r) {
       q[r] = rs[r]->qrot + gr.rot_offset;
       qs[r] = rs[r]->qsk != nullptr ? rs[r]->qsk + gr.sketch_offset : nullptr;
+      sketch = sketch && qs[r] != nullptr;
+      if (qs[r] != nullptr) {
+        for (size_t k = 0; k < m; ++k) qsum[r] += qs[r][k];
+      }
     }
+    // Whole bytes of sign bits a vector: the bits' lane masks are shared by the rows.
+    const bool shared_signs = sketch && kL % 8 == 0 && m % kL == 0;
     DecodeInfo info;
     info.fmt = Fmt::kMse;
     info.plan = &plan;
@@ -1809,9 +1818,10 @@ HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a
     for (size_t t0 = a; t0 < b; t0 += kL) {
       const size_t nt = std::min(kL, b - t0);
       float qjl[NR][kL] = {};
+      HWY_ALIGN float gam[kL] = {};
       for (size_t tt = 0; tt < kL; ++tt) {
         HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = sparts[r][tt] = hn::Zero(df);
         if (tt >= nt) continue;
         const uint8_t* row = s.k + (t0 + tt) * s.k_stride + gr.row_offset;
         if (plan.mse_bits > 0) {
@@ -1827,15 +1837,31 @@ HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a
         if (m > 0) {
           const float gamma = qjl_coef * Scale(plan, row + plan.resid_offset);
           const uint8_t* signs = row + plan.sign_offset;
-          for (size_t r = 0; r < NR; ++r) {
-            if (qs[r] != nullptr) qjl[r][tt] = gamma * SignDotAttn(qs[r], signs, m);
+          if (shared_signs) {
+            gam[tt] = gamma;
+            Regs<NR> acc;
+            TQ_FOR_R(TQ_REG(acc) = hn::Zero(df));
+            for (size_t k = 0; k < m; k += kL) {
+              const auto mk = hn::LoadMaskBits(df, signs + k / 8);
+              TQ_FOR_R(TQ_REG(acc) = hn::Add(TQ_REG(acc), hn::IfThenElseZero(mk, hn::LoadU(df, qs[r] + k))));
+            }
+            TQ_FOR_R(sparts[r][tt] = TQ_REG(acc));
+          } else {
+            for (size_t r = 0; r < NR; ++r) {
+              if (qs[r] != nullptr) qjl[r][tt] = gamma * SignDotAttn(qs[r], signs, m);
+            }
           }
         }
       }
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) {
         HWY_ALIGN float sums[kL];
-        hn::Store(ReduceVectors(parts[r]), df, sums);
+        AV tot = ReduceVectors(parts[r]);
+        if (shared_signs) {
+          const AV sgn = hn::MulAdd(ReduceVectors(sparts[r]), hn::Set(df, 2.0f), hn::Set(df, -qsum[r]));
+          tot = hn::MulAdd(sgn, hn::Load(df, gam), tot);
+        }
+        hn::Store(tot, df, sums);
         for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] += sums[tt] + qjl[r][tt];
       }
     }
