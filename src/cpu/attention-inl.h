@@ -2175,6 +2175,77 @@ HWY_NOINLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a,
   }
 }
 
+// Split values (each group a TurboQuant-MSE codec row inside the split row,
+// scales in it): per group, the tile's rows decoded once (indices unpacked,
+// block scales), then two vector chunks a pass over the tile with the query
+// rows' accumulators in registers (as AccumDecodedT), into the rotated
+// domain at the group's offset. The generic loop below reads and writes the
+// accumulators in memory for every token and chunk.
+HWY_INLINE bool SplitValuesOk(const attn::Comp& vc) {
+  if (vc.fmt != Fmt::kSplit) return false;
+  for (int g = 0; g < vc.num_groups; ++g) {
+    const CodecPlan& plan = *vc.groups[g].plan;
+    if (plan.mse_bits == 0) return false;  // a prod group's QJL bits are not part of a value
+    for (size_t b = 0; b < plan.num_blocks; ++b) {
+      if (plan.blocks[b].size % kL != 0) return false;
+    }
+  }
+  return true;
+}
+template <size_t NR>
+HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                                 attn::Row* const* rs, float* const* w, AScratch& scr) {
+  const AF df;
+  const attn::Comp& vc = *vctx.kc;
+  const size_t n = b - a;
+  for (int g = 0; g < vc.num_groups; ++g) {
+    const attn::Group& gr = vc.groups[g];
+    const CodecPlan& plan = *gr.plan;
+    const size_t dg = plan.dim, stride = IdxLen(dg);
+    DecodeInfo info;
+    info.fmt = Fmt::kMse;
+    info.plan = &plan;
+    info.luts = vctx.luts[g];
+    scr.tile.resize(n * stride);
+    scr.bscales.resize(n * kMaxBlocks);
+    std::vector<RowDecoder>& decs = scr.decs;
+    decs.clear();
+    for (size_t t = 0; t < n; ++t) {
+      const uint8_t* row = s.v + (a + t) * s.v_stride + gr.row_offset;
+      decs.push_back(MakeDecoder(info, row, row + plan.scale_offset, dg, scr.tile.data() + t * stride,
+                                 scr.bscales.data() + t * kMaxBlocks));
+    }
+    float* acc0[NR];
+    for (size_t r = 0; r < NR; ++r) acc0[r] = rs[r]->accr + gr.rot_offset;
+    size_t j = 0;
+    for (; j + 2 * kL <= dg; j += 2 * kL) {
+      Regs<NR> acc, acc2;
+      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, acc0[r] + j));
+      TQ_FOR_R(TQ_REG(acc2) = hn::LoadU(df, acc0[r] + j + kL));
+      for (size_t t = 0; t < n; ++t) {
+        const AV v0 = decs[t].template Chunk<Fmt::kMse>(j);
+        const AV v1 = decs[t].template Chunk<Fmt::kMse>(j + kL);
+        TQ_FOR_R({
+          const AV wv = hn::Set(df, w[r][t]);
+          TQ_REG(acc) = hn::MulAdd(wv, v0, TQ_REG(acc));
+          TQ_REG(acc2) = hn::MulAdd(wv, v1, TQ_REG(acc2));
+        });
+      }
+      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, acc0[r] + j));
+      TQ_FOR_R(hn::StoreU(TQ_REG(acc2), df, acc0[r] + j + kL));
+    }
+    for (; j < dg; j += kL) {
+      Regs<NR> acc;
+      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, acc0[r] + j));
+      for (size_t t = 0; t < n; ++t) {
+        const AV vv = decs[t].template Chunk<Fmt::kMse>(j);
+        TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::Set(df, w[r][t]), vv, TQ_REG(acc)));
+      }
+      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, acc0[r] + j));
+    }
+  }
+}
+
 template <size_t NR>
 HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
                            attn::Row* const* rs, float* const* w, AScratch& scr) {
@@ -2209,6 +2280,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
       if (vc.fast_mse) return AccumMseFast<NR>(vctx, s, a, b, rs, w, scr);
       break;  // below: rotated domain, one row at a time
     case Fmt::kSplit:
+      if (SplitValuesOk(vc)) return AccumSplitRows<NR>(vctx, s, a, b, rs, w, scr);
       break;
     case Fmt::kF16:
     case Fmt::kBF16:
