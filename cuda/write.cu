@@ -81,7 +81,7 @@ __device__ __forceinline__ int Quantize(float u, const float (&b)[(1 << B) - 1])
 // channel order by shuffles (PackTq).
 template <int D>
 struct Tq {
-  static constexpr int kLpr = D / 32;
+  static constexpr int kLpr = Geo<D>::kLpr;
   static constexpr int kW = 16 / kLpr;  // channels of a group a lane holds
   static constexpr int kG = D / 16;     // groups of 16 channels
 };
@@ -197,27 +197,6 @@ __device__ __forceinline__ void PackAny(int bits, const uint8_t (&q)[32], Encode
   }
 }
 
-// u = y·inv quantized (q) and y replaced by the centroid c[q].
-template <int B>
-__device__ __forceinline__ void QuantizeRow(float (&y)[32], float inv, const float* s_cent,
-                                            const float* s_bnd, uint8_t (&q)[32]) {
-  float b[(1 << B) - 1];
-#pragma unroll
-  for (int k = 0; k < (1 << B) - 1; ++k) b[k] = s_bnd[k];
-#pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const int idx = Quantize<B>(__fmul_rn(y[e], inv), b);
-    q[e] = static_cast<uint8_t>(idx);
-    y[e] = s_cent[idx];  // y now holds c[idx]
-  }
-}
-
-// Packs the strided row's B-bit codes into this lane's B words of the row
-// (channels 32 sub .. 32 sub + 31, the words StoreComp writes). Lane s needs
-// groups 2s and 2s + 1 from every lane of the row: in round r each lane
-// sends its chunks of the groups of lane sub - r and receives lane
-// sub + r's, placed at slot r; one rotation by sub slots puts every chunk
-// at its lane's position.
 // Quantizes the strided row y·inv (y replaced by the centroids) into this
 // lane's chunks: ch[j] holds the W codes of group j, B bits each in element
 // order (codes go straight into words: 32 index bytes would take a register
@@ -587,7 +566,7 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
 
 // At most 85 registers a thread (6 blocks of 128 threads a SM; 80 used at
 // d 128, no spills). With the strided TurboQuant rows and their codes packed
-// as they are found, 6 blocks wrote 2-7% faster than 5 and as fast as 7 or 8
+// as they are found, 6 blocks wrote 1-3% faster than 5 and within 2% of 7 or 8
 // (H200, one call, docs/BENCHMARKS.md run 8); with 32 contiguous channels a
 // lane and index bytes in registers, 6 blocks had spilled and measured slower.
 constexpr int kWriteMinBlocks = 6;

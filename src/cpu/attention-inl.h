@@ -335,7 +335,8 @@ struct DecodeInfo {
   const Lut* luts = nullptr;        // MSE
   // Every vector chunk lies inside one scale group / rotation block.
   bool vec_ok = true;
-  int gshift = -1;  // int8 / int-asym: log2(group_size) where RowDecoder keeps the scales
+  int gshift = -1;    // int8 / int-asym: log2(group_size) where RowDecoder keeps the scales
+  size_t ngroups = 0;  // ... and the groups a row (the meta holds their scales)
 };
 
 HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
@@ -354,6 +355,7 @@ HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
       int sh = 0;
       while ((size_t{1} << sh) < g) ++sh;
       in.gshift = sh;
+      in.ngroups = ng;
     }
   }
   if (fmt == Fmt::kMse) {
@@ -370,10 +372,8 @@ HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
 HWY_INLINE RowDecoder MakeDecoder(const DecodeInfo& in, const uint8_t* p, const uint8_t* meta,
                                   size_t d, uint8_t* ubuf, float* bscale) {
   RowDecoder dec{in.fmt, in.group_size, p, meta};
-  if (in.gshift >= 0 && meta != nullptr && (d + in.group_size - 1) / in.group_size <= 8) {
-    // int8 / int-asym group scales, once a row
-    const size_t ng = (d + in.group_size - 1) / in.group_size;
-    for (size_t g = 0; g < ng; ++g) {
+  if (in.gshift >= 0 && meta != nullptr) {  // int8 / int-asym group scales, once a row
+    for (size_t g = 0; g < in.ngroups; ++g) {
       if (in.fmt == Fmt::kInt8) {
         bscale[g] = Half(meta + 2 * g);
       } else {
@@ -772,7 +772,7 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     // Prod keys: the sign bits are read kN16 at a time as lane masks.
     if (c->fmt == Fmt::kProd) {
       z->qjl = plan.qjl_dim;
-      if (z->qjl == 0 || z->qjl % kN16 != 0 || z->qjl % 8 != 0) return;
+      if (z->qjl == 0 || z->qjl % kN16 != 0) return;  // kN16 >= 8 here: whole bytes
     }
   } else if (!keys && c->fmt == Fmt::kIntAsym && c->group_size == d && c->meta_bytes == 4) {
     bits = c->bits;
@@ -863,6 +863,16 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
   z->on = true;
 }
 
+// o[i] = f[i] rounded to nearest-even, a vector at a time (the same integers
+// as lrint in the default rounding mode; lrint was a library call per
+// element). len is a multiple of kL.
+HWY_INLINE void RoundToI16(const float* f, size_t len, int16_t* o) {
+  const hn::Rebind<int16_t, AF> dh;
+  for (size_t i = 0; i < len; i += kL) {
+    hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::LoadU(AF(), f + i))), dh, o + i);
+  }
+}
+
 // Int16 queries of every task row (from the driver's permuted rotated query).
 // Up to 4 nvec_k products are summed in int32 (KeyCmax), so
 // |q| <= 2^31 / (4 nvec_k KeyCmax).
@@ -881,9 +891,7 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
     if (!(mx > 0.0f)) continue;  // zero query: every score is koff
     const float qs = static_cast<float>(qmax) / mx;
     int16_t* o = scr.q16.data() + r * len;
-    // Scaled query in lane order, then rounded to nearest-even a vector at a
-    // time (the same integers as lrint in the default rounding mode; lrint
-    // itself was a library call per element).
+    // Scaled query in lane order, then rounded.
     float* f = scr.tmp.data();
     for (size_t v = 0; v < z.nvec_k; ++v) {
       for (size_t w = 0; w < kN16; ++w) {
@@ -891,10 +899,7 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
         f[v * kN16 + w] = x < d ? q[FastPos(x, d)] * qs : 0.0f;
       }
     }
-    const hn::Rebind<int16_t, AF> dh;
-    for (size_t i = 0; i < len; i += kL) {
-      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::LoadU(AF(), f + i))), dh, o + i);
-    }
+    RoundToI16(f, len, o);
     scr.qinv[r] = 1.0f / (qs * z.cscale);
   }
   if (z.qjl == 0) return;
@@ -915,10 +920,7 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
     float* f = scr.tmp.data();
     for (size_t j = 0; j < m; ++j) f[j] = q[j] * qs;
     int16_t* o = scr.qs16.data() + r * m;
-    const hn::Rebind<int16_t, AF> dh;
-    for (size_t i = 0; i < m; i += kL) {
-      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::LoadU(AF(), f + i))), dh, o + i);
-    }
+    RoundToI16(f, m, o);
     long sum = 0;
     for (size_t j = 0; j < m; ++j) sum += o[j];
     scr.qsinv[r] = 1.0f / qs;
@@ -1072,17 +1074,22 @@ HWY_INLINE void QjlToken(const Qjl16<NR>& c, const uint8_t* sg, AV* out) {
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) out[r] = hn::ConvertTo(AF(), hn::RearrangeToOddPlusEven(g[r], h[r]));
 }
-// The term of row r for the nt tokens from t0 (parts: QjlToken's lanes per
-// token, zero past nt), lanes in token order.
+// sqrt(pi/2)/m * gamma of the nt tokens from t0 (zero past nt), once a tile.
 template <size_t NR>
-HWY_INLINE AV QjlTerms(const Qjl16<NR>& c, const CodecPlan& plan, const attn::Seg& s, size_t t0,
-                       size_t nt, size_t r, AV* parts) {
-  const AF df;
-  HWY_ALIGN float gsc[kL] = {};  // sqrt(pi/2)/m * gamma of each token
+HWY_INLINE AV QjlFactors(const Qjl16<NR>& c, const CodecPlan& plan, const attn::Seg& s, size_t t0,
+                         size_t nt) {
+  HWY_ALIGN float gsc[kL] = {};
   const size_t go = plan.resid_offset - plan.scale_offset;
   for (size_t tt = 0; tt < nt; ++tt) gsc[tt] = c.coef * Scale(plan, s.km + (t0 + tt) * s.km_stride + go);
+  return hn::Load(AF(), gsc);
+}
+// The term of row r for a tile's tokens (parts: QjlToken's lanes per token,
+// zero past the tile's end; fac: QjlFactors), lanes in token order.
+template <size_t NR>
+HWY_INLINE AV QjlTerms(const Qjl16<NR>& c, size_t r, AV* parts, AV fac) {
+  const AF df;
   const AV sgn = hn::MulAdd(ReduceVectors(parts), hn::Set(df, -2.0f), hn::Set(df, -c.qsa[r]));
-  return hn::Mul(hn::Mul(sgn, hn::Set(df, c.qsi[r])), hn::Load(df, gsc));
+  return hn::Mul(hn::Mul(sgn, hn::Set(df, c.qsi[r])), fac);
 }
 
 // Adds prod keys' QJL term to scores already holding the MSE part (after
@@ -1107,10 +1114,11 @@ HWY_NOINLINE void AddQjl16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) parts[r][tt] = out[r];
     }
+    const AV fac = QjlFactors<NR>(c, plan, s, t0, nt);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float add[kL];
-      hn::Store(QjlTerms<NR>(c, plan, s, t0, nt, r, parts[r]), df, add);
+      hn::Store(QjlTerms<NR>(c, r, parts[r], fac), df, add);
       for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] += add[tt];
     }
   }
@@ -1259,11 +1267,13 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
       if constexpr (NR > 3) parts[3][tt] = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(a3, b3));
     }
     const AV scv = hn::Load(df, sc);
+    AV qfac = hn::Zero(df);
+    if constexpr (kQjl) qfac = QjlFactors<NR>(qc, plan, s, t0, nt);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
       AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
-      if constexpr (kQjl) tot = hn::Add(tot, QjlTerms<NR>(qc, plan, s, t0, nt, r, qparts[r]));
+      if constexpr (kQjl) tot = hn::Add(tot, QjlTerms<NR>(qc, r, qparts[r], qfac));
       hn::Store(tot, df, sums);
       for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
     }
@@ -1921,7 +1931,7 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       }
       [[fallthrough]];
     case Fmt::kSplit: {
-      if (kc.fmt == Fmt::kSplit && SplitRowsOk(kc)) return ScoreSplitRows<NR>(ctx, s, a, b, rs, koff, lg, scr);
+      if (SplitRowsOk(kc)) return ScoreSplitRows<NR>(ctx, s, a, b, rs, koff, lg, scr);
       // Each TurboQuant group's codec rows of the tile are gathered into one
       // contiguous block (they may sit inside split rows or in two planes),
       // then scored for every query row in one call of the codec's scorer.
@@ -1976,12 +1986,49 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 // ---------------------------------------------------------------------------
 // Values: rows' accumulators += w[r][t] · v_t.
 
-// Formats decoded per element: accumulators stay in registers over the tile,
-// one vector chunk at a time.
+// acc[r][j] += sum_t w[r][t] v_t[j] over the whole vector chunks of [0, d)
+// (decs: the tile's n rows), the rows' accumulators in registers over the
+// tile. Two chunks a pass, so each weight is broadcast once for both (on
+// AVX2 the broadcasts had been as many instructions as the multiply-adds).
+// Returns the first coordinate not done (d rounded down to kL).
+template <Fmt F, size_t NR>
+HWY_INLINE size_t AccumChunks(const RowDecoder* decs, size_t n, size_t d, float* const* w,
+                              float* const* accp) {
+  const AF df;
+  size_t j = 0;
+  for (; j + 2 * kL <= d; j += 2 * kL) {
+    Regs<NR> acc, acc2;
+    TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, accp[r] + j));
+    TQ_FOR_R(TQ_REG(acc2) = hn::LoadU(df, accp[r] + j + kL));
+    for (size_t t = 0; t < n; ++t) {
+      const AV v0 = decs[t].template Chunk<F>(j);
+      const AV v1 = decs[t].template Chunk<F>(j + kL);
+      TQ_FOR_R({
+        const AV wv = hn::Set(df, w[r][t]);
+        TQ_REG(acc) = hn::MulAdd(wv, v0, TQ_REG(acc));
+        TQ_REG(acc2) = hn::MulAdd(wv, v1, TQ_REG(acc2));
+      });
+    }
+    TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, accp[r] + j));
+    TQ_FOR_R(hn::StoreU(TQ_REG(acc2), df, accp[r] + j + kL));
+  }
+  for (; j + kL <= d; j += kL) {
+    Regs<NR> acc;
+    TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, accp[r] + j));
+    for (size_t t = 0; t < n; ++t) {
+      const AV vv = decs[t].template Chunk<F>(j);
+      TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::Set(df, w[r][t]), vv, TQ_REG(acc)));
+    }
+    TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, accp[r] + j));
+  }
+  return j;
+}
+
+// Formats decoded per element: the tile's rows decoded once, then
+// AccumChunks (accumulators in registers over the tile), scalar tail.
 template <Fmt F, size_t NR>
 HWY_NOINLINE void AccumDecodedT(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
                              size_t d, attn::Row* const* rs, float* const* w, AScratch& scr) {
-  const AF df;
   const size_t n = b - a;
   const size_t stride = IdxLen(d);
   // Unpacked codes of the tile's rows (int-asym, MSE) and block scales.
@@ -1997,33 +2044,9 @@ HWY_NOINLINE void AccumDecodedT(const DecodeInfo& info, const attn::Seg& s, size
   }
   size_t j = 0;
   if (info.vec_ok) {
-    // Two chunks a pass: each weight is broadcast once for both (on AVX2 the
-    // broadcasts had been as many instructions as the multiply-adds).
-    for (; j + 2 * kL <= d; j += 2 * kL) {
-      Regs<NR> acc, acc2;
-      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, rs[r]->acc + j));
-      TQ_FOR_R(TQ_REG(acc2) = hn::LoadU(df, rs[r]->acc + j + kL));
-      for (size_t t = 0; t < n; ++t) {
-        const AV v0 = decs[t].template Chunk<F>(j);
-        const AV v1 = decs[t].template Chunk<F>(j + kL);
-        TQ_FOR_R({
-          const AV wv = hn::Set(df, w[r][t]);
-          TQ_REG(acc) = hn::MulAdd(wv, v0, TQ_REG(acc));
-          TQ_REG(acc2) = hn::MulAdd(wv, v1, TQ_REG(acc2));
-        });
-      }
-      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, rs[r]->acc + j));
-      TQ_FOR_R(hn::StoreU(TQ_REG(acc2), df, rs[r]->acc + j + kL));
-    }
-    for (; j + kL <= d; j += kL) {
-      Regs<NR> acc;
-      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, rs[r]->acc + j));
-      for (size_t t = 0; t < n; ++t) {
-        const AV vv = decs[t].template Chunk<F>(j);
-        TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::Set(df, w[r][t]), vv, TQ_REG(acc)));
-      }
-      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, rs[r]->acc + j));
-    }
+    float* acc[NR];
+    for (size_t r = 0; r < NR; ++r) acc[r] = rs[r]->acc;
+    j = AccumChunks<F, NR>(decs.data(), n, d, w, acc);
   }
   for (; j < d; ++j) {
     for (size_t t = 0; t < n; ++t) {
@@ -2177,8 +2200,8 @@ HWY_NOINLINE void AccumMseFast(const KeyCtx& vctx, const attn::Seg& s, size_t a,
 
 // Split values (each group a TurboQuant-MSE codec row inside the split row,
 // scales in it): per group, the tile's rows decoded once (indices unpacked,
-// block scales), then two vector chunks a pass over the tile with the query
-// rows' accumulators in registers (as AccumDecodedT), into the rotated
+// block scales), then AccumChunks with the query rows' accumulators in
+// registers over the tile (as AccumDecodedT), into the rotated
 // domain at the group's offset. The generic loop below reads and writes the
 // accumulators in memory for every token and chunk.
 HWY_INLINE bool SplitValuesOk(const attn::Comp& vc) {
@@ -2195,7 +2218,6 @@ HWY_INLINE bool SplitValuesOk(const attn::Comp& vc) {
 template <size_t NR>
 HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
                                  attn::Row* const* rs, float* const* w, AScratch& scr) {
-  const AF df;
   const attn::Comp& vc = *vctx.kc;
   const size_t n = b - a;
   for (int g = 0; g < vc.num_groups; ++g) {
@@ -2215,34 +2237,9 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
       decs.push_back(MakeDecoder(info, row, row + plan.scale_offset, dg, scr.tile.data() + t * stride,
                                  scr.bscales.data() + t * kMaxBlocks));
     }
-    float* acc0[NR];
-    for (size_t r = 0; r < NR; ++r) acc0[r] = rs[r]->accr + gr.rot_offset;
-    size_t j = 0;
-    for (; j + 2 * kL <= dg; j += 2 * kL) {
-      Regs<NR> acc, acc2;
-      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, acc0[r] + j));
-      TQ_FOR_R(TQ_REG(acc2) = hn::LoadU(df, acc0[r] + j + kL));
-      for (size_t t = 0; t < n; ++t) {
-        const AV v0 = decs[t].template Chunk<Fmt::kMse>(j);
-        const AV v1 = decs[t].template Chunk<Fmt::kMse>(j + kL);
-        TQ_FOR_R({
-          const AV wv = hn::Set(df, w[r][t]);
-          TQ_REG(acc) = hn::MulAdd(wv, v0, TQ_REG(acc));
-          TQ_REG(acc2) = hn::MulAdd(wv, v1, TQ_REG(acc2));
-        });
-      }
-      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, acc0[r] + j));
-      TQ_FOR_R(hn::StoreU(TQ_REG(acc2), df, acc0[r] + j + kL));
-    }
-    for (; j < dg; j += kL) {
-      Regs<NR> acc;
-      TQ_FOR_R(TQ_REG(acc) = hn::LoadU(df, acc0[r] + j));
-      for (size_t t = 0; t < n; ++t) {
-        const AV vv = decs[t].template Chunk<Fmt::kMse>(j);
-        TQ_FOR_R(TQ_REG(acc) = hn::MulAdd(hn::Set(df, w[r][t]), vv, TQ_REG(acc)));
-      }
-      TQ_FOR_R(hn::StoreU(TQ_REG(acc), df, acc0[r] + j));
-    }
+    float* acc[NR];
+    for (size_t r = 0; r < NR; ++r) acc[r] = rs[r]->accr + gr.rot_offset;
+    AccumChunks<Fmt::kMse, NR>(decs.data(), n, dg, w, acc);  // dg is whole chunks (SplitValuesOk)
   }
 }
 
