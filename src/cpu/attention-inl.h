@@ -963,6 +963,10 @@ HWY_INLINE hn::Vec<B8> LoadCodes(const uint8_t* p, size_t off, size_t n) {
 }
 
 #if HWY_TARGET == HWY_AVX3_DL
+inline bool CpuHasVnni() {
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  return vnni;
+}
 // AVX-512 VNNI (vpdpwssd: the pair products and the add in one instruction).
 // Highway's AVX3_DL attributes name AVX-VNNI, not the AVX-512 form: these
 // kernels leave Highway's attribute region for one that adds it (closed after
@@ -1534,6 +1538,144 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
 #undef TQ_VFLUSH
 #undef TQ_VFLUSH1
   }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Int-asym 8-bit values in groups of 32 coordinates (q8 and the k*_v8
+// presets) as int16 dot products: out_j += sum_t w_t (s_tg x_tj + z_tg) is
+// sum_t (w_t s_tg) x_tj + sum_t w_t z_tg; the products u_tg = w_t s_tg of a
+// tile are rounded to int16 against their largest per (row, group), codes
+// x in [0, 255] are zero-extended, and tokens go in pairs (one int32 lane =
+// x_t u_t + x_t+1 u_t+1: at most 64 * 255 * 32767 < 2^31 a tile). Two groups
+// a pass, 4 accumulators a row; the int32 sums come back to coordinate order
+// (two permutes a group) once a tile.
+inline const uint8_t* ZeroRow() {
+  alignas(64) static const uint8_t z[256] = {};
+  return z;
+}
+constexpr int kAsymWmax = 32767;
+
+template <size_t NR>
+HWY_NOINLINE void AccumAsym8G32(const attn::Seg& s, size_t a, size_t b, size_t d,
+                                attn::Row* const* rs, float* const* w) {
+  constexpr size_t kG = 32;
+  const AF df;
+  const size_t n = b - a, npairs = (n + 1) / 2;
+  const size_t ng = d / kG;  // <= 8
+  HWY_ALIGN float sg[8][kTile + kL];
+  HWY_ALIGN float zg[8][kTile + kL];
+  const uint8_t* rows[kTile + 1];
+  for (size_t t = 0; t < n; ++t) {
+    rows[t] = s.v + (a + t) * s.v_stride;
+    const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
+    for (size_t g = 0; g < ng; ++g) {
+      sg[g][t] = Half(meta + 4 * g);
+      zg[g][t] = Half(meta + 4 * g + 2);
+    }
+  }
+  rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
+  for (size_t g = 0; g < ng; ++g) {
+    for (size_t t = n; t < kTile + kL; ++t) sg[g][t] = zg[g][t] = 0.0f;
+  }
+  HWY_ALIGN int16_t w16[NR][8][kTile + kL];
+  float fac[NR][8], zsum[NR][8];
+  const hn::Rebind<int16_t, AF> dh;
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_values = true;
+    HWY_ALIGN float wr[kTile + kL];
+    size_t t = 0;
+    for (; t < n; ++t) wr[t] = w[r][t];
+    for (; t < kTile + kL; ++t) wr[t] = 0.0f;
+    for (size_t g = 0; g < ng; ++g) {
+      AV mxv = hn::Zero(df), zv = hn::Zero(df);
+      for (size_t u = 0; u < n; u += kL) {
+        const AV wv = hn::Load(df, wr + u);
+        mxv = hn::Max(mxv, hn::Abs(hn::Mul(wv, hn::Load(df, sg[g] + u))));
+        zv = hn::MulAdd(wv, hn::Load(df, zg[g] + u), zv);
+      }
+      const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
+      zsum[r][g] = hn::GetLane(hn::SumOfLanes(df, zv));
+      fac[r][g] = mx > 0.0f ? mx / static_cast<float>(kAsymWmax) : 0.0f;
+      const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(kAsymWmax) / mx : 0.0f);
+      for (size_t u = 0; u < n + 1; u += kL) {
+        const AV x = hn::Mul(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sg[g] + u)), f);
+        hn::Store(hn::DemoteTo(dh, hn::NearestInt(x)), dh, w16[r][g] + u);
+      }
+    }
+  }
+  // Lane l = 4k + i of the unpacked vectors holds coordinate 8k + i (low) or
+  // 8k + 4 + i (high) of the group; these put coordinates 0-15 / 16-31 back.
+  const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (size_t g0 = 0; g0 < ng; g0 += 2) {
+    const bool two = g0 + 1 < ng;
+    const size_t off = g0 * kG;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i a00 = zero, a01 = zero, a02 = zero, a03 = zero, a10 = zero, a11 = zero, a12 = zero,
+            a13 = zero, a20 = zero, a21 = zero, a22 = zero, a23 = zero, a30 = zero, a31 = zero,
+            a32 = zero, a33 = zero;
+    if (two) {
+      for (size_t p = 0; p < npairs; ++p) {
+        const uint8_t* ra = rows[2 * p] + off;
+        const uint8_t* rb = rows[2 * p + 1] + off;
+        const __m512i xa0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
+        const __m512i xb0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
+        const __m512i xa1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + kG)));
+        const __m512i xb1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + kG)));
+        const __m512i c0 = _mm512_unpacklo_epi16(xa0, xb0), c1 = _mm512_unpackhi_epi16(xa0, xb0);
+        const __m512i c2 = _mm512_unpacklo_epi16(xa1, xb1), c3 = _mm512_unpackhi_epi16(xa1, xb1);
+#define TQ_AROW(R)                                                  \
+  if constexpr (NR > R) {                                           \
+    int32_t p0, p1;                                                 \
+    std::memcpy(&p0, w16[R][g0] + 2 * p, 4);                        \
+    std::memcpy(&p1, w16[R][g0 + 1] + 2 * p, 4);                    \
+    const __m512i w0 = _mm512_set1_epi32(p0), w1 = _mm512_set1_epi32(p1); \
+    a##R##0 = Dpwssd(a##R##0, c0, w0);                              \
+    a##R##1 = Dpwssd(a##R##1, c1, w0);                              \
+    a##R##2 = Dpwssd(a##R##2, c2, w1);                              \
+    a##R##3 = Dpwssd(a##R##3, c3, w1);                              \
+  }
+        TQ_AROW(0) TQ_AROW(1) TQ_AROW(2) TQ_AROW(3)
+#undef TQ_AROW
+      }
+    } else {
+      for (size_t p = 0; p < npairs; ++p) {
+        const uint8_t* ra = rows[2 * p] + off;
+        const uint8_t* rb = rows[2 * p + 1] + off;
+        const __m512i xa0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
+        const __m512i xb0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
+        const __m512i c0 = _mm512_unpacklo_epi16(xa0, xb0), c1 = _mm512_unpackhi_epi16(xa0, xb0);
+#define TQ_AROW(R)                                                  \
+  if constexpr (NR > R) {                                           \
+    int32_t p0;                                                     \
+    std::memcpy(&p0, w16[R][g0] + 2 * p, 4);                        \
+    const __m512i w0 = _mm512_set1_epi32(p0);                       \
+    a##R##0 = Dpwssd(a##R##0, c0, w0);                              \
+    a##R##1 = Dpwssd(a##R##1, c1, w0);                              \
+  }
+        TQ_AROW(0) TQ_AROW(1) TQ_AROW(2) TQ_AROW(3)
+#undef TQ_AROW
+      }
+    }
+    // out += fac * sum + zsum, in coordinate order.
+    auto flush = [&](size_t r, size_t g, __m512i lo, __m512i hi) __attribute__((always_inline)) {
+      float* dst = rs[r]->acc + g * kG;
+      const __m512 fv = _mm512_set1_ps(fac[r][g]), zv = _mm512_set1_ps(zsum[r][g]);
+      const __m512 s0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, back0, hi));
+      const __m512 s1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, back1, hi));
+      _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_fmadd_ps(s0, fv, _mm512_loadu_ps(dst)), zv));
+      _mm512_storeu_ps(dst + 16, _mm512_add_ps(_mm512_fmadd_ps(s1, fv, _mm512_loadu_ps(dst + 16)), zv));
+    };
+#define TQ_AFLUSH(R)                                   \
+  if constexpr (NR > R) {                              \
+    flush(R, g0, a##R##0, a##R##1);                    \
+    if (two) flush(R, g0 + 1, a##R##2, a##R##3);       \
+  }
+    TQ_AFLUSH(0) TQ_AFLUSH(1) TQ_AFLUSH(2) TQ_AFLUSH(3)
+#undef TQ_AFLUSH
+  }
+  (void)df;
 }
 #endif
 
@@ -2270,6 +2412,12 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
     if (AccumFixed<NR>(vctx, s, a, b, rs, w, scr)) return;
     if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
     return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
+  }
+#endif
+#if HWY_TARGET == HWY_AVX3_DL
+  if (vc.fmt == Fmt::kIntAsym && vc.bits == 8 && vc.group_size == 32 && d % 32 == 0 && d <= 256 &&
+      vc.meta_bytes == d / 8 && s.vm != nullptr && CpuHasVnni()) {
+    return AccumAsym8G32<NR>(s, a, b, d, rs, w);
   }
 #endif
   switch (vc.fmt) {
