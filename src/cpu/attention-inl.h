@@ -222,12 +222,22 @@ struct I16Book {
   HWY_ALIGN uint8_t hi64[64];
 };
 
+struct GKeys {
+  bool on = false;
+  int kind = 0;      // 0: int8-sym, 1: int-asym 4-bit
+  size_t ng = 0;     // groups a row (<= 8)
+  size_t nl = 0;     // 64-byte code loads a row
+  size_t nv = 0;     // int16 query vectors a row
+  long qmax = 0;
+};
+
 struct KeyCtx {
   const attn::Task* task;
   const attn::Comp* kc;
   Lut luts[2][kMaxBlocks];
   bool fast_mse = false;  // MSE rows take the gather kernels (see attn::Comp::fast)
   I16Book i16;            // the integer kernels apply (keys: ScoreMse16, values: AccumMse16)
+  GKeys gk;               // group-scaled integer keys (AVX3_DL: ScoreGKeys)
 };
 
 // One key row's chunk j..j+kL as floats (formats that decode per element).
@@ -316,6 +326,8 @@ struct AScratch {
   std::vector<float> qsall;   // prod keys: per task row, the sum of its int16 sketch
   std::vector<float> priv;    // per task row: value sums in AccumMse16 order
   std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
+  std::vector<int16_t> qg16;  // group-scaled integer keys: per task row, the int16 query (GKeyCoord order)
+  std::vector<float> qginv;   // ... and 1 / its scale
 };
 inline AScratch& AttnScratch() {
   static thread_local AScratch s;
@@ -1679,6 +1691,269 @@ HWY_NOINLINE void AccumAsym8G32(const attn::Seg& s, size_t a, size_t b, size_t d
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3_DL
+// Group-scaled integer keys as int16 dot products (AVX-512 VNNI): int8-sym
+// keys (k8_*, q8; kind 0) and int-asym 4-bit keys (kivi4; kind 1), groups of
+// 32 coordinates, up to 8 groups a row. A key's groups have their own fp16
+// scales, so each token's scales become 14-bit ratios to its largest,
+// R_g = round(16383 s_g / s_max), and every code is brought to those common
+// units in int16 before the products: k16 = mulhrs(c << 8, R_g) (int8: c
+// in [-127, 127]; int-asym: c = u - 8, shifted by 11), i.e. about
+// c s_g 128 / (16383 s_max) (int-asym: 16 / ...). All of a token's
+// coordinates then sum into one int32 accumulator per query row, reduced and
+// scaled once per 16 tokens as in ScoreI16Fixed; the int-asym zeros add
+// sum_g (z_g + 8 s_g) sum_{j in g} q_j per token in float.
+
+inline GKeys MakeGKeys(const attn::Comp* c, size_t d) {
+  GKeys g;
+  if (c == nullptr || d % 32 != 0 || d > 256 || !CpuHasVnni()) return g;
+  g.ng = d / 32;
+  if (c->fmt == Fmt::kInt8 && c->group_size == 32 && c->meta_bytes == 2 * g.ng &&
+      c->payload_bytes == d) {
+    g.kind = 0;
+    g.nl = (d + 63) / 64;
+    g.nv = 2 * g.nl;
+  } else if (c->fmt == Fmt::kIntAsym && c->bits == 4 && c->group_size == 32 &&
+             c->meta_bytes == 4 * g.ng && c->payload_bytes == d / 2) {
+    g.kind = 1;
+    g.nl = (d + 127) / 128;
+    g.nv = 4 * g.nl;
+  } else {
+    return g;
+  }
+  // An int32 lane sums 2 nv products of |k16| <= kmax and |q| <= qmax, and
+  // two lanes of a token are added in int32 before the conversion.
+  const long kmax = g.kind == 0 ? 16257 : 8192;
+  g.qmax = std::min<long>(16383, 2147483647L / (4L * static_cast<long>(g.nv) * kmax));
+  g.on = true;
+  return g;
+}
+
+// Coordinate of lane i of int16 query vector v (kind 0: v = 2 l + h; kind
+// 1: v = 4 l + 2 p + h: load l, nibble plane p, unpack half h).
+inline size_t GKeyCoord(int kind, size_t v, size_t i) {
+  const size_t blk = i / 8, m = i % 8;
+  if (kind == 0) return 64 * (v / 2) + 16 * blk + 8 * (v % 2) + m;
+  const size_t l = v / 4, p = (v / 2) % 2, h = v % 2;
+  return 128 * l + 2 * (16 * blk + 8 * h + m) + p;
+}
+
+// The int16 queries of every task row (plain domain, softmax scale folded).
+inline void PrepareGKeys(const attn::Task& task, const GKeys& g, AScratch& scr) {
+  const size_t d = task.d, len = g.nv * 32;
+  scr.qg16.assign(task.num_rows * len, 0);
+  scr.qginv.assign(task.num_rows, 0.0f);
+  if (scr.tmp.size() < len) scr.tmp.resize(len);
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const float* q = task.rows[r].q;
+    float mx = 0.0f;
+    for (size_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(q[j]));
+    if (!(mx > 0.0f)) continue;  // zero query: the key part of every score is 0
+    const float qs = static_cast<float>(g.qmax) / mx;
+    float* f = scr.tmp.data();
+    for (size_t v = 0; v < g.nv; ++v) {
+      for (size_t i = 0; i < 32; ++i) {
+        const size_t x = GKeyCoord(g.kind, v, i);
+        f[v * 32 + i] = x < d ? q[x] * qs : 0.0f;
+      }
+    }
+    RoundToI16(f, len, scr.qg16.data() + r * len);
+    scr.qginv[r] = 1.0f / qs;
+  }
+}
+
+template <int KIND, size_t NL, size_t NR>
+HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                             attn::Row* const* rs, const float* koff, float* const* lg,
+                             AScratch& scr) {
+  constexpr size_t NV = KIND == 0 ? 2 * NL : 4 * NL;
+  const attn::Task& task = *ctx.task;
+  const GKeys& gk = ctx.gk;
+  const size_t ng = gk.ng;
+  const size_t n = b - a;
+  const size_t nbytes = ctx.kc->payload_bytes;
+  const int16_t* q[NR];
+  float qi[NR];
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_keys = true;
+    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+    q[r] = scr.qg16.data() + ri * NV * 32;
+    qi[r] = scr.qginv[ri];
+  }
+  // Per token of the tile: the ratios R (16 bytes), the factor from int16
+  // units to key units, and (int-asym) the centered zeros per group.
+  HWY_ALIGN int16_t rat[kTile][8];
+  HWY_ALIGN float fac[kTile + 16];
+  HWY_ALIGN float zc[KIND == 1 ? 8 : 1][kTile + 16];
+  const float unit = (KIND == 0 ? 128.0f : 16.0f) / 16383.0f;
+  const __m512 c16383 = _mm512_set1_ps(16383.0f);
+  if constexpr (KIND == 0) {
+    // Two tokens a vector: lanes 0..7 token t's scales, 8..15 token t+1's
+    // (zeros past ng); the max of each half broadcast by three swaps.
+    const __mmask8 hm = static_cast<__mmask8>((1u << ng) - 1);
+    for (size_t t = 0; t < n; t += 2) {
+      const uint8_t* m0 = s.km + (a + t) * s.km_stride;
+      const uint8_t* m1 = t + 1 < n ? m0 + s.km_stride : m0;
+      const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_maskz_loadu_epi16(hm, m0)),
+                                                _mm_maskz_loadu_epi16(hm, m1), 1);
+      const __m512 v = _mm512_cvtph_ps(h);
+      __m512 mx = _mm512_max_ps(v, _mm512_permute_ps(v, 0xB1));
+      mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0x4E));
+      mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0xB1));
+      const __mmask16 pos = _mm512_cmp_ps_mask(mx, _mm512_setzero_ps(), _CMP_GT_OQ);
+      const __m512 inv = _mm512_maskz_div_ps(pos, c16383, mx);
+      const __m512i ri = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(v, inv), c16383));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rat[t]), _mm512_cvtepi32_epi16(ri));
+      HWY_ALIGN float mv[16];
+      _mm512_store_ps(mv, mx);
+      fac[t] = mv[0] * unit;
+      fac[t + 1] = mv[8] * unit;
+    }
+  } else {
+    // One token a vector: (scale, zero) pairs to scales in lanes 0..7 and
+    // zeros in 8..15.
+    const __mmask16 hm = static_cast<__mmask16>((1u << (2 * ng)) - 1);
+    const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (size_t t = 0; t < n; ++t) {
+      const uint8_t* m = s.km + (a + t) * s.km_stride;
+      const __m512 sz = _mm512_permutexvar_ps(split, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(hm, m)));
+      const float mx = _mm512_mask_reduce_max_ps(0x00FF, sz);
+      const float inv = mx > 0.0f ? 16383.0f / mx : 0.0f;
+      const __m512i ri = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_mul_ps(sz, _mm512_set1_ps(inv)), c16383));
+      _mm_store_si128(reinterpret_cast<__m128i*>(rat[t]),
+                      _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(0x00FF, ri))));
+      fac[t] = mx * unit;
+      HWY_ALIGN float zv[16];
+      _mm512_store_ps(zv, _mm512_fmadd_ps(_mm512_shuffle_f32x4(sz, sz, 0x44), _mm512_set1_ps(8.0f), sz));
+      for (size_t g = 0; g < ng; ++g) zc[g][t] = zv[8 + g];
+    }
+  }
+  for (size_t t = n; t < kTile + 16; ++t) {
+    fac[t] = 0.0f;
+    if constexpr (KIND == 1) {
+      for (size_t g = 0; g < ng; ++g) zc[g][t] = 0.0f;
+    }
+  }
+  __mmask64 lm[NL];
+  for (size_t l = 0; l < NL; ++l) {
+    const size_t off = 64 * l;
+    const size_t cnt = off < nbytes ? std::min<size_t>(64, nbytes - off) : 0;
+    lm[l] = cnt >= 64 ? ~__mmask64{0} : ((__mmask64{1} << cnt) - 1);
+  }
+  // vpshufb controls putting each lane's group ratio in place.
+  __m512i sel[NL];
+  for (size_t l = 0; l < NL; ++l) {
+    HWY_ALIGN uint8_t c[64];
+    for (size_t blk = 0; blk < 4; ++blk) {
+      const size_t g = KIND == 0 ? 2 * l + blk / 2 : 4 * l + blk;
+      for (size_t i = 0; i < 16; ++i) c[16 * blk + i] = static_cast<uint8_t>(2 * g + i % 2);
+    }
+    sel[l] = _mm512_load_si512(c);
+  }
+  HWY_ALIGN uint8_t tab[64];  // int-asym: nibble u -> (u - 8) << 3, repeated every 16
+  for (size_t i = 0; i < 64; ++i) tab[i] = static_cast<uint8_t>(static_cast<int8_t>((static_cast<int>(i % 16) - 8) * 8));
+  const __m512i ntab = _mm512_load_si512(tab);
+  const __m512i zero = _mm512_setzero_si512();
+  const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
+  const size_t nvl = (vbytes + 63) / 64;
+
+  auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
+    const uint8_t* row = s.k + (a + t) * s.k_stride;
+    hwy::Prefetch(row + kDenseAhead * s.k_stride);
+    const uint8_t* vrow = s.v + (a + t) * s.v_stride;
+    if (nvl > 0) hwy::Prefetch(vrow);
+    if (nvl > 1) hwy::Prefetch(vrow + 64);
+    for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
+    const __m512i rv = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(rat[t])));
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) acc[r] = zero;
+    HWY_UNROLL(4)
+    for (size_t l = 0; l < NL; ++l) {
+      const __m512i x = _mm512_maskz_loadu_epi8(lm[l], row + 64 * l);
+      const __m512i sc = _mm512_shuffle_epi8(rv, sel[l]);
+      if constexpr (KIND == 0) {
+        const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, x), sc);
+        const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, x), sc);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          const int16_t* qv = q[r] + 2 * l * 32;
+          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
+          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
+        }
+      } else {
+        const __m512i p0 = _mm512_permutexvar_epi8(x, ntab);
+        const __m512i p1 = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), ntab);
+        const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p0), sc);
+        const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p0), sc);
+        const __m512i k2 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p1), sc);
+        const __m512i k3 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p1), sc);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          const int16_t* qv = q[r] + 4 * l * 32;
+          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
+          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
+          acc[r] = Dpwssd(acc[r], k2, _mm512_loadu_si512(qv + 64));
+          acc[r] = Dpwssd(acc[r], k3, _mm512_loadu_si512(qv + 96));
+        }
+      }
+    }
+  };
+  auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
+    __m512i x0[NR], x1[NR];
+    token(ta, x0);
+    token(tb, x1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      pr[r] = _mm512_cvtepi32_ps(
+          _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
+    }
+  };
+  auto quad4 = [&](size_t ta, size_t tb, size_t tc, size_t td, __m512* qd) __attribute__((always_inline)) {
+    __m512 p0[NR], p1[NR];
+    pair(ta, tb, p0);
+    pair(tc, td, p1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
+      qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
+                            _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
+    }
+  };
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const size_t nt = std::min<size_t>(16, n - t0);
+    __m512 quad[4][NR];
+    if (nt == 16) {
+      quad4(t0, t0 + 1, t0 + 2, t0 + 3, quad[0]);
+      quad4(t0 + 4, t0 + 5, t0 + 6, t0 + 7, quad[1]);
+      quad4(t0 + 8, t0 + 9, t0 + 10, t0 + 11, quad[2]);
+      quad4(t0 + 12, t0 + 13, t0 + 14, t0 + 15, quad[3]);
+    } else {
+      // Tokens past the end read the last one again (their sums are dropped).
+      auto at = [&](size_t i) { return t0 + std::min(i, nt - 1); };
+      for (size_t k = 0; k < 4; ++k) quad4(at(4 * k), at(4 * k + 1), at(4 * k + 2), at(4 * k + 3), quad[k]);
+    }
+    const __m512 fv = _mm512_load_ps(fac + t0);
+    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
+      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
+      const __m512 tot = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                                       _mm512_shuffle_f32x4(w01, w23, 0xDD));
+      __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
+      if constexpr (KIND == 1) {
+        const float* qg = rs[r]->qgs;
+        for (size_t g = 0; g < ng; ++g) l = _mm512_fmadd_ps(_mm512_load_ps(zc[g] + t0), _mm512_set1_ps(qg[g]), l);
+      }
+      _mm512_mask_storeu_ps(lg[r] + t0, om, l);
+    }
+  }
+}
+
+#endif
+
 // Accumulates the four int16 centroid-pair vectors cv into acc[r][0..3] with
 // each row's weight pair.
 template <size_t NR, bool kVnni>
@@ -1870,6 +2145,26 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
 #if HWY_TARGET == HWY_AVX3_DL
 HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Group-scaled integer keys where they apply (true: they ran).
+template <size_t NR>
+HWY_INLINE bool ScoreGKeysAny(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                              attn::Row* const* rs, const float* koff, float* const* lg,
+                              AScratch& scr) {
+  const GKeys& g = ctx.gk;
+  if (!g.on) return false;
+  switch (g.kind * 8 + static_cast<int>(g.nl)) {
+    case 1: ScoreGKeys<0, 1, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 2: ScoreGKeys<0, 2, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 3: ScoreGKeys<0, 3, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 4: ScoreGKeys<0, 4, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 9: ScoreGKeys<1, 1, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 10: ScoreGKeys<1, 2, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    default: return false;
+  }
+}
 #endif
 
 // The fixed-shape kernels for the book's code width and chunk count, where
@@ -2113,12 +2408,18 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       return;
     }
     case Fmt::kIntAsym: {
+#if HWY_TARGET == HWY_AVX3_DL
+      if (ScoreGKeysAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
+#endif
       // sum_j q_j (s u_j + z) per group: the decoder yields s u + z directly.
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, nullptr), s, a, b, d, q, koff, lg, scr);
     }
     default:
+#if HWY_TARGET == HWY_AVX3_DL
+      if (ScoreGKeysAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
+#endif
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
       return ScoreDecoded<NR>(MakeInfo(kc.fmt, &kc, nullptr), s, a, b, d, q, koff, lg, scr);
@@ -2592,6 +2893,10 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   InitI16(task.kc, d, true, &kctx.i16);
   InitI16(task.vc, d, false, &vctx.i16);
   if (kctx.i16.on) PrepareQ16(task, kctx.i16, scr);
+#if HWY_TARGET == HWY_AVX3_DL
+  kctx.gk = MakeGKeys(task.kc, d);
+  if (kctx.gk.on) PrepareGKeys(task, kctx.gk, scr);
+#endif
   const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
   if (vctx.i16.on) {
     scr.priv.assign(task.num_rows * priv_len, 0.0f);
