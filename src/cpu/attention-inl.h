@@ -1629,6 +1629,20 @@ HWY_NOINLINE void AccumAsym8G32(const attn::Seg& s, size_t a, size_t b, size_t d
             a32 = zero, a33 = zero;
     if (two) {
       for (size_t p = 0; p < npairs; ++p) {
+        if (g0 == 0) {
+          // The next tile's rows, codes and scales (its scales are read
+          // before its first pass; dense keys prefetch no values).
+          const uint8_t* f = s.v + (a + kTile + 2 * p) * s.v_stride;
+          const uint8_t* fm = s.vm + (a + kTile + 2 * p) * s.vm_stride;
+          for (size_t o = 0; o < d; o += 64) {
+            hwy::Prefetch(f + o);
+            hwy::Prefetch(f + s.v_stride + o);
+          }
+          hwy::Prefetch(fm);
+          hwy::Prefetch(fm + s.vm_stride);
+          hwy::Prefetch(fm + d / 8 - 1);
+          hwy::Prefetch(fm + s.vm_stride + d / 8 - 1);
+        }
         const uint8_t* ra = rows[2 * p] + off;
         const uint8_t* rb = rows[2 * p + 1] + off;
         const __m512i xa0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
@@ -1864,6 +1878,9 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     if (nvl > 0) hwy::Prefetch(vrow);
     if (nvl > 1) hwy::Prefetch(vrow + 64);
     for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
+    // This tile's value scales and the next tile's key scales.
+    if (s.vm != nullptr) hwy::Prefetch(s.vm + (a + t) * s.vm_stride);
+    hwy::Prefetch(s.km + (a + kTile + t) * s.km_stride);
     const __m512i rv = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(rat[t])));
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) acc[r] = zero;
