@@ -344,8 +344,8 @@ TEST(DecodeAttention, EveryPresetMatchesRefWithPoliciesOnAndOff) {
 }
 
 TEST(DecodeAttention, HeadDimsAndGqaRatios) {
-  const std::vector<std::string> presets = {"k4_v4", "k3_v3", "k2_v2", "kivi4", "q8", "kp4_v4",
-                                            "turboquant35", "turboquant_4bit_nc", "k16_v16"};
+  const std::vector<std::string> presets = {"k4_v4", "k3_v3", "k2_v2", "kivi4", "kivi2", "q8",
+                                            "kp4_v4", "turboquant35", "turboquant_4bit_nc", "k16_v16"};
   for (size_t d : {64, 96, 128, 256}) {
     for (size_t group : {1, 4, 8}) {
       const size_t hkv = group == 8 ? 1 : 2;

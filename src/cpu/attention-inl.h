@@ -224,9 +224,9 @@ struct I16Book {
 
 struct GKeys {
   bool on = false;
-  int kind = 0;      // 0: int8-sym, 1: int-asym 4-bit
+  int kind = 0;      // 0: int8-sym, 1: int-asym 4-bit, 2: int-asym 2-bit
   size_t ng = 0;     // groups a row (<= 8)
-  size_t nl = 0;     // 64-byte code loads a row
+  size_t nl = 0;     // code loads a row (64 bytes; kind 2: 32)
   size_t nv = 0;     // int16 query vectors a row
   long qmax = 0;
 };
@@ -1554,36 +1554,47 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
 #endif
 
 #if HWY_TARGET == HWY_AVX3_DL
-// Int-asym 8-bit values in groups of 32 coordinates (q8 and the k*_v8
-// presets) as int16 dot products: out_j += sum_t w_t (s_tg x_tj + z_tg) is
-// sum_t (w_t s_tg) x_tj + sum_t w_t z_tg; the products u_tg = w_t s_tg of a
-// tile are rounded to int16 against their largest per (row, group), codes
-// x in [0, 255] are zero-extended, and tokens go in pairs (one int32 lane =
-// x_t u_t + x_t+1 u_t+1: at most 64 * 255 * 32767 < 2^31 a tile). Two groups
-// a pass, 4 accumulators a row; the int32 sums come back to coordinate order
-// (two permutes a group) once a tile.
+// Int-asym values in groups of 32 coordinates with 8, 4 or 2 bits (q8 and
+// the k*_v8 presets, kivi4, kivi2) as int16 dot products: out_j +=
+// sum_t w_t (s_tg x_tj + z_tg) is sum_t (w_t s_tg) x_tj + sum_t w_t z_tg;
+// the products u_tg = w_t s_tg of a tile are rounded to int16 against their
+// largest per (row, group), codes x in [0, 2^bits) are zero-extended, and
+// tokens go in pairs (one int32 lane = x_t u_t + x_t+1 u_t+1: at most
+// 64 * 255 * 32767 < 2^31 a tile). Two groups a pass, 4 accumulators a row;
+// the int32 sums come back to coordinate order by permutes once a tile.
+// 8 bits: each token's group zero-extended and the two tokens' int16 lanes
+// interleaved. 4 and 2 bits: one byte permute puts a byte of each token in
+// every int32 lane (bytes 0 and 2), and shifts and masks pick the codes
+// (4 bits: even and odd coordinates of each group; 2 bits: code k of every
+// byte, the low 8 lanes from the first group, the high 8 from the second).
 inline const uint8_t* ZeroRow() {
   alignas(64) static const uint8_t z[256] = {};
   return z;
 }
 constexpr int kAsymWmax = 32767;
 
-template <size_t NR>
-HWY_NOINLINE void AccumAsym8G32(const attn::Seg& s, size_t a, size_t b, size_t d,
-                                attn::Row* const* rs, float* const* w) {
+template <int BITS, size_t NR>
+HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
+                               attn::Row* const* rs, float* const* w) {
   constexpr size_t kG = 32;
+  constexpr size_t kGB = kG * BITS / 8;  // code bytes of a group
   const AF df;
   const size_t n = b - a, npairs = (n + 1) / 2;
   const size_t ng = d / kG;  // <= 8
   HWY_ALIGN float sg[8][kTile + kL];
   HWY_ALIGN float zg[8][kTile + kL];
   const uint8_t* rows[kTile + 1];
-  for (size_t t = 0; t < n; ++t) {
-    rows[t] = s.v + (a + t) * s.v_stride;
-    const uint8_t* meta = s.vm + (a + t) * s.vm_stride;
-    for (size_t g = 0; g < ng; ++g) {
-      sg[g][t] = Half(meta + 4 * g);
-      zg[g][t] = Half(meta + 4 * g + 2);
+  {
+    // The meta of a row is ng (scale, zero) fp16 pairs.
+    const __mmask16 hm = static_cast<__mmask16>((1u << (2 * ng)) - 1);
+    for (size_t t = 0; t < n; ++t) {
+      rows[t] = s.v + (a + t) * s.v_stride;
+      HWY_ALIGN float sz[16];
+      _mm512_store_ps(sz, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(hm, s.vm + (a + t) * s.vm_stride)));
+      for (size_t g = 0; g < ng; ++g) {
+        sg[g][t] = sz[2 * g];
+        zg[g][t] = sz[2 * g + 1];
+      }
     }
   }
   rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
@@ -1616,88 +1627,141 @@ HWY_NOINLINE void AccumAsym8G32(const attn::Seg& s, size_t a, size_t b, size_t d
       }
     }
   }
-  // Lane l = 4k + i of the unpacked vectors holds coordinate 8k + i (low) or
-  // 8k + 4 + i (high) of the group; these put coordinates 0-15 / 16-31 back.
+  // Byte permute of the 4- and 2-bit kernels: int32 lane i gets byte i of
+  // token a's piece (byte 0) and of token b's (byte 2); bytes 1 and 3 zero.
+  HWY_ALIGN uint8_t pidx[64];
+  for (size_t i = 0; i < 64; ++i) {
+    const size_t lane = i / 4, k = i % 4;
+    pidx[i] = static_cast<uint8_t>(k == 0 ? lane : k == 2 ? 64 + lane : 0);
+  }
+  const __m512i pix = _mm512_load_si512(pidx);
+  const __m512i pix1 = _mm512_add_epi8(pix, _mm512_set1_epi8(16));  // 4 bits: the second group
+  constexpr __mmask64 kPairBytes = 0x5555555555555555ull;
+  const __m512i m3 = _mm512_set1_epi32(0x00030003), m15 = _mm512_set1_epi32(0x000F000F);
+  // 8 bits: lane l = 4k + i of the unpacked vectors holds coordinate 8k + i
+  // (low) or 8k + 4 + i (high) of the group; back0/back1 put coordinates
+  // 0-15 / 16-31 back. 4 bits: lanes i of the even / odd vectors hold
+  // coordinates 2i / 2i + 1: eo0/eo1 interleave them.
   const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512i eo0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i eo1 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   for (size_t g0 = 0; g0 < ng; g0 += 2) {
     const bool two = g0 + 1 < ng;
-    const size_t off = g0 * kG;
+    const size_t off = g0 * kGB;
     const __m512i zero = _mm512_setzero_si512();
     __m512i a00 = zero, a01 = zero, a02 = zero, a03 = zero, a10 = zero, a11 = zero, a12 = zero,
             a13 = zero, a20 = zero, a21 = zero, a22 = zero, a23 = zero, a30 = zero, a31 = zero,
             a32 = zero, a33 = zero;
-    if (two) {
-      for (size_t p = 0; p < npairs; ++p) {
-        if (g0 == 0) {
-          // The next tile's rows, codes and scales (its scales are read
-          // before its first pass; dense keys prefetch no values).
-          const uint8_t* f = s.v + (a + kTile + 2 * p) * s.v_stride;
-          const uint8_t* fm = s.vm + (a + kTile + 2 * p) * s.vm_stride;
-          for (size_t o = 0; o < d; o += 64) {
-            hwy::Prefetch(f + o);
-            hwy::Prefetch(f + s.v_stride + o);
-          }
-          hwy::Prefetch(fm);
-          hwy::Prefetch(fm + s.vm_stride);
-          hwy::Prefetch(fm + d / 8 - 1);
-          hwy::Prefetch(fm + s.vm_stride + d / 8 - 1);
+    const __mmask64 lm = (__mmask64{1} << ((two ? 2 : 1) * kGB)) - 1;  // code bytes of the pass
+    for (size_t p = 0; p < npairs; ++p) {
+      if (g0 == 0) {
+        // The next tile's rows, codes and scales (its scales are read
+        // before its first pass; dense keys prefetch no values).
+        const uint8_t* f = s.v + (a + kTile + 2 * p) * s.v_stride;
+        const uint8_t* fm = s.vm + (a + kTile + 2 * p) * s.vm_stride;
+        for (size_t o = 0; o < d * BITS / 8; o += 64) {
+          hwy::Prefetch(f + o);
+          hwy::Prefetch(f + s.v_stride + o);
         }
-        const uint8_t* ra = rows[2 * p] + off;
-        const uint8_t* rb = rows[2 * p + 1] + off;
+        hwy::Prefetch(fm);
+        hwy::Prefetch(fm + s.vm_stride);
+        hwy::Prefetch(fm + d / 8 - 1);
+        hwy::Prefetch(fm + s.vm_stride + d / 8 - 1);
+      }
+      const uint8_t* ra = rows[2 * p] + off;
+      const uint8_t* rb = rows[2 * p + 1] + off;
+      __m512i c0, c1, c2, c3;
+      if constexpr (BITS == 8) {
         const __m512i xa0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
         const __m512i xb0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
-        const __m512i xa1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + kG)));
-        const __m512i xb1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + kG)));
-        const __m512i c0 = _mm512_unpacklo_epi16(xa0, xb0), c1 = _mm512_unpackhi_epi16(xa0, xb0);
-        const __m512i c2 = _mm512_unpacklo_epi16(xa1, xb1), c3 = _mm512_unpackhi_epi16(xa1, xb1);
-#define TQ_AROW(R)                                                  \
-  if constexpr (NR > R) {                                           \
-    int32_t p0, p1;                                                 \
-    std::memcpy(&p0, w16[R][g0] + 2 * p, 4);                        \
-    std::memcpy(&p1, w16[R][g0 + 1] + 2 * p, 4);                    \
-    const __m512i w0 = _mm512_set1_epi32(p0), w1 = _mm512_set1_epi32(p1); \
-    a##R##0 = Dpwssd(a##R##0, c0, w0);                              \
-    a##R##1 = Dpwssd(a##R##1, c1, w0);                              \
-    a##R##2 = Dpwssd(a##R##2, c2, w1);                              \
-    a##R##3 = Dpwssd(a##R##3, c3, w1);                              \
-  }
-        TQ_AROW(0) TQ_AROW(1) TQ_AROW(2) TQ_AROW(3)
-#undef TQ_AROW
+        c0 = _mm512_unpacklo_epi16(xa0, xb0);
+        c1 = _mm512_unpackhi_epi16(xa0, xb0);
+        if (two) {
+          const __m512i xa1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + kG)));
+          const __m512i xb1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + kG)));
+          c2 = _mm512_unpacklo_epi16(xa1, xb1);
+          c3 = _mm512_unpackhi_epi16(xa1, xb1);
+        } else {
+          c2 = c3 = zero;
+        }
+      } else {
+        const __m512i xa = _mm512_maskz_loadu_epi8(lm, ra);
+        const __m512i xb = _mm512_maskz_loadu_epi8(lm, rb);
+        if constexpr (BITS == 4) {
+          const __m512i q0 = _mm512_maskz_permutex2var_epi8(kPairBytes, xa, pix, xb);
+          const __m512i q1 = _mm512_maskz_permutex2var_epi8(kPairBytes, xa, pix1, xb);
+          c0 = _mm512_and_si512(q0, m15);
+          c1 = _mm512_srli_epi16(q0, 4);
+          c2 = _mm512_and_si512(q1, m15);
+          c3 = _mm512_srli_epi16(q1, 4);
+        } else {
+          const __m512i q = _mm512_maskz_permutex2var_epi8(kPairBytes, xa, pix, xb);
+          c0 = _mm512_and_si512(q, m3);
+          c1 = _mm512_and_si512(_mm512_srli_epi16(q, 2), m3);
+          c2 = _mm512_and_si512(_mm512_srli_epi16(q, 4), m3);
+          c3 = _mm512_srli_epi16(q, 6);
+        }
       }
-    } else {
-      for (size_t p = 0; p < npairs; ++p) {
-        const uint8_t* ra = rows[2 * p] + off;
-        const uint8_t* rb = rows[2 * p + 1] + off;
-        const __m512i xa0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra)));
-        const __m512i xb0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb)));
-        const __m512i c0 = _mm512_unpacklo_epi16(xa0, xb0), c1 = _mm512_unpackhi_epi16(xa0, xb0);
-#define TQ_AROW(R)                                                  \
-  if constexpr (NR > R) {                                           \
-    int32_t p0;                                                     \
-    std::memcpy(&p0, w16[R][g0] + 2 * p, 4);                        \
-    const __m512i w0 = _mm512_set1_epi32(p0);                       \
-    a##R##0 = Dpwssd(a##R##0, c0, w0);                              \
-    a##R##1 = Dpwssd(a##R##1, c1, w0);                              \
+#define TQ_AROW(R)                                                            \
+  if constexpr (NR > R) {                                                     \
+    int32_t p0, p1 = 0;                                                       \
+    std::memcpy(&p0, w16[R][g0] + 2 * p, 4);                                  \
+    if (two) std::memcpy(&p1, w16[R][g0 + 1] + 2 * p, 4);                     \
+    const __m512i w0 = _mm512_set1_epi32(p0), w1 = _mm512_set1_epi32(p1);   \
+    if constexpr (BITS == 2) {                                                \
+      const __m512i wm = _mm512_mask_blend_epi32(0xFF00, w0, w1);            \
+      a##R##0 = Dpwssd(a##R##0, c0, wm);                                      \
+      a##R##1 = Dpwssd(a##R##1, c1, wm);                                      \
+      a##R##2 = Dpwssd(a##R##2, c2, wm);                                      \
+      a##R##3 = Dpwssd(a##R##3, c3, wm);                                      \
+    } else {                                                                  \
+      a##R##0 = Dpwssd(a##R##0, c0, w0);                                      \
+      a##R##1 = Dpwssd(a##R##1, c1, w0);                                      \
+      a##R##2 = Dpwssd(a##R##2, c2, w1);                                      \
+      a##R##3 = Dpwssd(a##R##3, c3, w1);                                      \
+    }                                                                         \
   }
-        TQ_AROW(0) TQ_AROW(1) TQ_AROW(2) TQ_AROW(3)
+      TQ_AROW(0) TQ_AROW(1) TQ_AROW(2) TQ_AROW(3)
 #undef TQ_AROW
-      }
     }
-    // out += fac * sum + zsum, in coordinate order.
-    auto flush = [&](size_t r, size_t g, __m512i lo, __m512i hi) __attribute__((always_inline)) {
-      float* dst = rs[r]->acc + g * kG;
-      const __m512 fv = _mm512_set1_ps(fac[r][g]), zv = _mm512_set1_ps(zsum[r][g]);
-      const __m512 s0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, back0, hi));
-      const __m512 s1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, back1, hi));
-      _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_fmadd_ps(s0, fv, _mm512_loadu_ps(dst)), zv));
-      _mm512_storeu_ps(dst + 16, _mm512_add_ps(_mm512_fmadd_ps(s1, fv, _mm512_loadu_ps(dst + 16)), zv));
+    // out += fac * sum + zsum, in coordinate order: 16 coordinates from
+    // the int32 sums s, at dst, of group g.
+    auto put = [&](size_t r, size_t g, float* dst, __m512i sum) __attribute__((always_inline)) {
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(fac[r][g]), _mm512_loadu_ps(dst));
+      _mm512_storeu_ps(dst, _mm512_add_ps(v, _mm512_set1_ps(zsum[r][g])));
     };
-#define TQ_AFLUSH(R)                                   \
-  if constexpr (NR > R) {                              \
-    flush(R, g0, a##R##0, a##R##1);                    \
-    if (two) flush(R, g0 + 1, a##R##2, a##R##3);       \
-  }
+    auto flush = [&](size_t r, __m512i s0, __m512i s1, __m512i s2, __m512i s3) __attribute__((always_inline)) {
+      float* dst = rs[r]->acc + g0 * kG;
+      if constexpr (BITS == 8) {
+        put(r, g0, dst, _mm512_permutex2var_epi32(s0, back0, s1));
+        put(r, g0, dst + 16, _mm512_permutex2var_epi32(s0, back1, s1));
+        if (two) {
+          put(r, g0 + 1, dst + 32, _mm512_permutex2var_epi32(s2, back0, s3));
+          put(r, g0 + 1, dst + 48, _mm512_permutex2var_epi32(s2, back1, s3));
+        }
+      } else if constexpr (BITS == 4) {
+        put(r, g0, dst, _mm512_permutex2var_epi32(s0, eo0, s1));
+        put(r, g0, dst + 16, _mm512_permutex2var_epi32(s0, eo1, s1));
+        if (two) {
+          put(r, g0 + 1, dst + 32, _mm512_permutex2var_epi32(s2, eo0, s3));
+          put(r, g0 + 1, dst + 48, _mm512_permutex2var_epi32(s2, eo1, s3));
+        }
+      } else {
+        // Lane i of s_k: coordinate 4 (i mod 8) + k of group g0 + i / 8.
+        // Output j = 4 i + k (i = j / 4 within its 16) from s_k lane i.
+        for (size_t h = 0; h < (two ? 4u : 2u); ++h) {
+          const __m512i i01 = _mm512_add_epi32(
+              _mm512_setr_epi32(0, 16, 0, 16, 1, 17, 1, 17, 2, 18, 2, 18, 3, 19, 3, 19),
+              _mm512_set1_epi32(static_cast<int>(4 * h)));
+          const __m512i t01 = _mm512_permutex2var_epi32(s0, i01, s1);
+          const __m512i t23 = _mm512_permutex2var_epi32(s2, i01, s3);
+          put(r, g0 + h / 2, dst + 16 * h, _mm512_mask_blend_epi32(0xCCCC, t01, t23));
+        }
+      }
+    };
+#define TQ_AFLUSH(R) \
+  if constexpr (NR > R) flush(R, a##R##0, a##R##1, a##R##2, a##R##3);
     TQ_AFLUSH(0) TQ_AFLUSH(1) TQ_AFLUSH(2) TQ_AFLUSH(3)
 #undef TQ_AFLUSH
   }
@@ -1707,16 +1771,17 @@ HWY_NOINLINE void AccumAsym8G32(const attn::Seg& s, size_t a, size_t b, size_t d
 
 #if HWY_TARGET == HWY_AVX3_DL
 // Group-scaled integer keys as int16 dot products (AVX-512 VNNI): int8-sym
-// keys (k8_*, q8; kind 0) and int-asym 4-bit keys (kivi4; kind 1), groups of
-// 32 coordinates, up to 8 groups a row. A key's groups have their own fp16
+// keys (k8_*, q8; kind 0) and int-asym 4-bit and 2-bit keys (kivi4, kivi2;
+// kinds 1, 2), groups of 32 coordinates, up to 8 groups a row. A key's groups have their own fp16
 // scales, so each token's scales become 14-bit ratios to its largest,
 // R_g = round(16383 s_g / s_max), and every code is brought to those common
 // units in int16 before the products: k16 = mulhrs(c << 8, R_g) (int8: c
 // in [-127, 127]; int-asym: c = u - 8, shifted by 11), i.e. about
-// c s_g 128 / (16383 s_max) (int-asym: 16 / ...). All of a token's
+// c s_g 128 / (16383 s_max) (int-asym: 16 or 4 / ...; 2-bit codes are
+// centered at 2 and shifted by 13). All of a token's
 // coordinates then sum into one int32 accumulator per query row, reduced and
 // scaled once per 16 tokens as in ScoreI16Fixed; the int-asym zeros add
-// sum_g (z_g + 8 s_g) sum_{j in g} q_j per token in float.
+// sum_g (z_g + 2^(bits-1) s_g) sum_{j in g} q_j per token in float.
 
 inline GKeys MakeGKeys(const attn::Comp* c, size_t d) {
   GKeys g;
@@ -1732,24 +1797,33 @@ inline GKeys MakeGKeys(const attn::Comp* c, size_t d) {
     g.kind = 1;
     g.nl = (d + 127) / 128;
     g.nv = 4 * g.nl;
+  } else if (c->fmt == Fmt::kIntAsym && c->bits == 2 && c->group_size == 32 &&
+             c->meta_bytes == 4 * g.ng && c->payload_bytes == d / 4) {
+    g.kind = 2;
+    g.nl = (d + 127) / 128;
+    g.nv = 4 * g.nl;
   } else {
     return g;
   }
   // An int32 lane sums 2 nv products of |k16| <= kmax and |q| <= qmax, and
   // two lanes of a token are added in int32 before the conversion.
-  const long kmax = g.kind == 0 ? 16257 : 8192;
+  const long kmax = g.kind == 0 ? 16257 : 8192;  // int-asym: 2^14 after the ratio's halving
   g.qmax = std::min<long>(16383, 2147483647L / (4L * static_cast<long>(g.nv) * kmax));
   g.on = true;
   return g;
 }
 
 // Coordinate of lane i of int16 query vector v (kind 0: v = 2 l + h; kind
-// 1: v = 4 l + 2 p + h: load l, nibble plane p, unpack half h).
+// 1: v = 4 l + 2 p + h: load l, nibble plane p, unpack half h; kind 2: v =
+// 4 l + 2 p + h: 32-byte load l, plane pair p (planes 2p and 2p + 1 in the
+// low and high 32 bytes), unpack half h).
 inline size_t GKeyCoord(int kind, size_t v, size_t i) {
   const size_t blk = i / 8, m = i % 8;
   if (kind == 0) return 64 * (v / 2) + 16 * blk + 8 * (v % 2) + m;
   const size_t l = v / 4, p = (v / 2) % 2, h = v % 2;
-  return 128 * l + 2 * (16 * blk + 8 * h + m) + p;
+  if (kind == 1) return 128 * l + 2 * (16 * blk + 8 * h + m) + p;
+  const size_t byte = 16 * blk + 8 * h + m;  // of the 64-byte plane-pair vector
+  return 128 * l + 4 * (byte % 32) + 2 * p + byte / 32;
 }
 
 // The int16 queries of every task row (plain domain, softmax scale folded).
@@ -1798,8 +1872,9 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   // units to key units, and (int-asym) the centered zeros per group.
   HWY_ALIGN int16_t rat[kTile][8];
   HWY_ALIGN float fac[kTile + 16];
-  HWY_ALIGN float zc[KIND == 1 ? 8 : 1][kTile + 16];
-  const float unit = (KIND == 0 ? 128.0f : 16.0f) / 16383.0f;
+  HWY_ALIGN float zc[KIND >= 1 ? 8 : 1][kTile + 16];
+  // Codes c << SH in int16 (int8: 8; int-asym centered at 2^(bits-1): 11, 13).
+  const float unit = (KIND == 0 ? 128.0f : KIND == 1 ? 16.0f : 4.0f) / 16383.0f;
   const __m512 c16383 = _mm512_set1_ps(16383.0f);
   if constexpr (KIND == 0) {
     // Two tokens a vector: lanes 0..7 token t's scales, 8..15 token t+1's
@@ -1838,34 +1913,46 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
                       _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(0x00FF, ri))));
       fac[t] = mx * unit;
       HWY_ALIGN float zv[16];
-      _mm512_store_ps(zv, _mm512_fmadd_ps(_mm512_shuffle_f32x4(sz, sz, 0x44), _mm512_set1_ps(8.0f), sz));
-      for (size_t g = 0; g < ng; ++g) zc[g][t] = zv[8 + g];
+      _mm512_store_ps(zv, _mm512_fmadd_ps(_mm512_shuffle_f32x4(sz, sz, 0x44),
+                                          _mm512_set1_ps(KIND == 1 ? 8.0f : 2.0f), sz));
+      for (size_t g = 0; g < ng; ++g) zc[g][t] = zv[8 + g];  // z + 2^(bits-1) s
     }
   }
   for (size_t t = n; t < kTile + 16; ++t) {
     fac[t] = 0.0f;
-    if constexpr (KIND == 1) {
+    if constexpr (KIND >= 1) {
       for (size_t g = 0; g < ng; ++g) zc[g][t] = 0.0f;
     }
   }
   __mmask64 lm[NL];
+  constexpr size_t kLoad = KIND == 2 ? 32 : 64;  // code bytes a load
   for (size_t l = 0; l < NL; ++l) {
-    const size_t off = 64 * l;
-    const size_t cnt = off < nbytes ? std::min<size_t>(64, nbytes - off) : 0;
+    const size_t off = kLoad * l;
+    const size_t cnt = off < nbytes ? std::min<size_t>(kLoad, nbytes - off) : 0;
     lm[l] = cnt >= 64 ? ~__mmask64{0} : ((__mmask64{1} << cnt) - 1);
   }
-  // vpshufb controls putting each lane's group ratio in place.
-  __m512i sel[NL];
+  // vpshufb controls putting each lane's group ratio in place (per load and
+  // unpack half).
+  __m512i sel[NL][2];
   for (size_t l = 0; l < NL; ++l) {
-    HWY_ALIGN uint8_t c[64];
-    for (size_t blk = 0; blk < 4; ++blk) {
-      const size_t g = KIND == 0 ? 2 * l + blk / 2 : 4 * l + blk;
-      for (size_t i = 0; i < 16; ++i) c[16 * blk + i] = static_cast<uint8_t>(2 * g + i % 2);
+    for (size_t h = 0; h < 2; ++h) {
+      HWY_ALIGN uint8_t c[64];
+      for (size_t blk = 0; blk < 4; ++blk) {
+        const size_t g = KIND == 0   ? 2 * l + blk / 2
+                         : KIND == 1 ? 4 * l + blk
+                                     : 4 * l + ((16 * blk + 8 * h) % 32) / 8;
+        for (size_t i = 0; i < 16; ++i) c[16 * blk + i] = static_cast<uint8_t>(2 * g + i % 2);
+      }
+      sel[l][h] = _mm512_load_si512(c);
     }
-    sel[l] = _mm512_load_si512(c);
   }
-  HWY_ALIGN uint8_t tab[64];  // int-asym: nibble u -> (u - 8) << 3, repeated every 16
-  for (size_t i = 0; i < 64; ++i) tab[i] = static_cast<uint8_t>(static_cast<int8_t>((static_cast<int>(i % 16) - 8) * 8));
+  // int-asym: code u -> (u - 2^(bits-1)) << (bits == 4 ? 3 : 5) as a byte,
+  // repeated every 2^bits entries (vpermb reads 6 index bits).
+  HWY_ALIGN uint8_t tab[64];
+  for (size_t i = 0; i < 64; ++i) {
+    const int v = KIND == 2 ? (static_cast<int>(i % 4) - 2) * 32 : (static_cast<int>(i % 16) - 8) * 8;
+    tab[i] = static_cast<uint8_t>(static_cast<int8_t>(v));
+  }
   const __m512i ntab = _mm512_load_si512(tab);
   const __m512i zero = _mm512_setzero_si512();
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
@@ -1886,8 +1973,29 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     for (size_t r = 0; r < NR; ++r) acc[r] = zero;
     HWY_UNROLL(4)
     for (size_t l = 0; l < NL; ++l) {
+      if constexpr (KIND == 2) {
+        // 32 code bytes: planes 0 and 1 in one vector, 2 and 3 in another.
+        const __m256i x = _mm256_maskz_loadu_epi8(static_cast<__mmask32>(lm[l]), row + 32 * l);
+        const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 2), 1);
+        const __m512i p0 = _mm512_permutexvar_epi8(y, ntab);
+        const __m512i p1 = _mm512_permutexvar_epi8(_mm512_srli_epi16(y, 4), ntab);
+        const __m512i s0 = _mm512_shuffle_epi8(rv, sel[l][0]), s1 = _mm512_shuffle_epi8(rv, sel[l][1]);
+        const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p0), s0);
+        const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p0), s1);
+        const __m512i k2 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p1), s0);
+        const __m512i k3 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p1), s1);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          const int16_t* qv = q[r] + 4 * l * 32;
+          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
+          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
+          acc[r] = Dpwssd(acc[r], k2, _mm512_loadu_si512(qv + 64));
+          acc[r] = Dpwssd(acc[r], k3, _mm512_loadu_si512(qv + 96));
+        }
+        continue;
+      }
       const __m512i x = _mm512_maskz_loadu_epi8(lm[l], row + 64 * l);
-      const __m512i sc = _mm512_shuffle_epi8(rv, sel[l]);
+      const __m512i sc = _mm512_shuffle_epi8(rv, sel[l][0]);
       if constexpr (KIND == 0) {
         const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, x), sc);
         const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, x), sc);
@@ -1960,7 +2068,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
       const __m512 tot = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
                                        _mm512_shuffle_f32x4(w01, w23, 0xDD));
       __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
-      if constexpr (KIND == 1) {
+      if constexpr (KIND >= 1) {
         const float* qg = rs[r]->qgs;
         for (size_t g = 0; g < ng; ++g) l = _mm512_fmadd_ps(_mm512_load_ps(zc[g] + t0), _mm512_set1_ps(qg[g]), l);
       }
@@ -2179,6 +2287,8 @@ HWY_INLINE bool ScoreGKeysAny(const KeyCtx& ctx, const attn::Seg& s, size_t a, s
     case 4: ScoreGKeys<0, 4, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
     case 9: ScoreGKeys<1, 1, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
     case 10: ScoreGKeys<1, 2, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 17: ScoreGKeys<2, 1, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    case 18: ScoreGKeys<2, 2, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
     default: return false;
   }
 }
@@ -2733,9 +2843,14 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
-  if (vc.fmt == Fmt::kIntAsym && vc.bits == 8 && vc.group_size == 32 && d % 32 == 0 && d <= 256 &&
+  if (vc.fmt == Fmt::kIntAsym && vc.group_size == 32 && d % 32 == 0 && d <= 256 &&
       vc.meta_bytes == d / 8 && s.vm != nullptr && CpuHasVnni()) {
-    return AccumAsym8G32<NR>(s, a, b, d, rs, w);
+    switch (vc.bits) {
+      case 8: return AccumAsymG32<8, NR>(s, a, b, d, rs, w);
+      case 4: return AccumAsymG32<4, NR>(s, a, b, d, rs, w);
+      case 2: return AccumAsymG32<2, NR>(s, a, b, d, rs, w);
+      default: break;
+    }
   }
 #endif
   switch (vc.fmt) {
