@@ -1343,6 +1343,85 @@ HWY_INLINE void Cent16Fixed(__m512i tlo, __m512i thi, __m512i ix, __m512i* c0, _
   *c1 = _mm512_unpackhi_epi8(lo, hi);
 }
 
+// The 16 scores of query rows 0..NR-1 against tokens t0 .. t0 + 15 from
+// token(t, acc), which gives token t's NR int32 partial-sum vectors; out[r]
+// lane j is token t0 + j (tokens at or past nt read the last one again and
+// their lanes are dropped by the caller). Two lanes of a token are added in
+// int32 (the callers bound 4 nvec products), the rest in float. With 3 or 4
+// rows a token's row vectors are folded into one first (lane 4 j + i: row
+// i's sum over block j), then four tokens into one (block j = token j),
+// and four of those give the rows' 16 scores: no more than a few vectors
+// stay live (reducing each row's 16 tokens separately held 16 partial sums
+// at once and spilled). With 1 or 2 rows each row is reduced on its own.
+template <size_t NR, class Token>
+HWY_INLINE void Sum16(const Token& token, size_t t0, size_t nt, __m512* out) {
+  auto tok = [&](size_t i) { return t0 + (nt >= 16 ? i : std::min(i, nt - 1)); };
+  if constexpr (NR >= 3) {
+    auto rows = [&](size_t t) __attribute__((always_inline)) {
+      __m512i x[4];
+      token(t, x);
+      if constexpr (NR == 3) x[3] = _mm512_setzero_si512();
+      const __m512d u01 = _mm512_castps_pd(_mm512_cvtepi32_ps(
+          _mm512_add_epi32(_mm512_unpacklo_epi32(x[0], x[1]), _mm512_unpackhi_epi32(x[0], x[1]))));
+      const __m512d u23 = _mm512_castps_pd(_mm512_cvtepi32_ps(
+          _mm512_add_epi32(_mm512_unpacklo_epi32(x[2], x[3]), _mm512_unpackhi_epi32(x[2], x[3]))));
+      return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u01, u23)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(u01, u23)));
+    };
+    auto fold = [](__m512 p, __m512 q) __attribute__((always_inline)) {
+      return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD));
+    };
+    auto four = [&](size_t k) __attribute__((always_inline)) {
+      const __m512 x01 = fold(rows(tok(4 * k)), rows(tok(4 * k + 1)));
+      const __m512 x23 = fold(rows(tok(4 * k + 2)), rows(tok(4 * k + 3)));
+      return fold(x01, x23);
+    };
+    const __m512 y0 = four(0), y1 = four(1), y2 = four(2), y3 = four(3);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      // Token m of a pair of fours: lane 4 (m % 4) + r of y_(m / 4).
+      const __m512i idx = _mm512_add_epi32(
+          _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
+          _mm512_set1_epi32(static_cast<int>(r)));
+      out[r] = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(y0, idx, y1), _mm512_permutex2var_ps(y2, idx, y3),
+                                    0x44);
+    }
+  } else {
+    auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
+      __m512i x0[NR], x1[NR];
+      token(ta, x0);
+      token(tb, x1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        pr[r] = _mm512_cvtepi32_ps(
+            _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
+      }
+    };
+    // In-block sums of four tokens.
+    auto quad4 = [&](size_t k, __m512* qd) __attribute__((always_inline)) {
+      __m512 p0[NR], p1[NR];
+      pair(tok(4 * k), tok(4 * k + 1), p0);
+      pair(tok(4 * k + 2), tok(4 * k + 3), p1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
+        qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
+      }
+    };
+    __m512 quad[4][NR];
+    for (size_t k = 0; k < 4; ++k) quad4(k, quad[k]);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
+      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
+      out[r] = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+    }
+  }
+}
+
 // Key scores of NR rows against tokens [a, b), 16 tokens at a time: each
 // token's NR int32 partial-sum vectors are reduced by in-lane unpacks with
 // the next token's (pairs, then quads), the four quads of 16 tokens by two
@@ -1422,30 +1501,6 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
     }
   };
   static_assert(NV <= 8, "query vectors of one row");
-  // Two tokens' partial sums with pairs of lanes summed in int32 (KeyCmax
-  // bounds them), the rest in float.
-  auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
-    __m512i x0[NR], x1[NR];
-    token(ta, x0);
-    token(tb, x1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      pr[r] = _mm512_cvtepi32_ps(
-          _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
-    }
-  };
-  // In-block sums of four tokens ta..td.
-  auto quad4 = [&](size_t ta, size_t tb, size_t tc, size_t td, __m512* qd) __attribute__((always_inline)) {
-    __m512 p0[NR], p1[NR];
-    pair(ta, tb, p0);
-    pair(tc, td, p1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
-      qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
-                            _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
-    }
-  };
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
     HWY_ALIGN float sc[16] = {};
@@ -1455,28 +1510,13 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
     } else {
       for (size_t tt = 0; tt < nt; ++tt) sc[tt] = Scale(plan, s.km + (t0 + tt) * s.km_stride);
     }
-    __m512 quad[4][NR];
-    if (nt == 16) {
-      quad4(t0, t0 + 1, t0 + 2, t0 + 3, quad[0]);
-      quad4(t0 + 4, t0 + 5, t0 + 6, t0 + 7, quad[1]);
-      quad4(t0 + 8, t0 + 9, t0 + 10, t0 + 11, quad[2]);
-      quad4(t0 + 12, t0 + 13, t0 + 14, t0 + 15, quad[3]);
-    } else {
-      // Tokens past the end read the last one again (their sums are dropped).
-      auto at = [&](size_t i) { return t0 + std::min(i, nt - 1); };
-      for (size_t n = 0; n < 4; ++n) quad4(at(4 * n), at(4 * n + 1), at(4 * n + 2), at(4 * n + 3), quad[n]);
-    }
+    __m512 tot[NR];
+    Sum16<NR>(token, t0, nt, tot);
     const __m512 scv = _mm512_load_ps(sc);
     const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
-                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
-      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
-                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
-      const __m512 tot = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
-                                       _mm512_shuffle_f32x4(w01, w23, 0xDD));
-      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, scv), _mm512_set1_ps(qi[r]),
+      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], scv), _mm512_set1_ps(qi[r]),
                                        _mm512_set1_ps(koff[r]));
       _mm512_mask_storeu_ps(lg[r] + (t0 - a), om, l);
     }
@@ -2023,51 +2063,15 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
       }
     }
   };
-  auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
-    __m512i x0[NR], x1[NR];
-    token(ta, x0);
-    token(tb, x1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      pr[r] = _mm512_cvtepi32_ps(
-          _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
-    }
-  };
-  auto quad4 = [&](size_t ta, size_t tb, size_t tc, size_t td, __m512* qd) __attribute__((always_inline)) {
-    __m512 p0[NR], p1[NR];
-    pair(ta, tb, p0);
-    pair(tc, td, p1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
-      qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
-                            _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
-    }
-  };
   for (size_t t0 = 0; t0 < n; t0 += 16) {
     const size_t nt = std::min<size_t>(16, n - t0);
-    __m512 quad[4][NR];
-    if (nt == 16) {
-      quad4(t0, t0 + 1, t0 + 2, t0 + 3, quad[0]);
-      quad4(t0 + 4, t0 + 5, t0 + 6, t0 + 7, quad[1]);
-      quad4(t0 + 8, t0 + 9, t0 + 10, t0 + 11, quad[2]);
-      quad4(t0 + 12, t0 + 13, t0 + 14, t0 + 15, quad[3]);
-    } else {
-      // Tokens past the end read the last one again (their sums are dropped).
-      auto at = [&](size_t i) { return t0 + std::min(i, nt - 1); };
-      for (size_t k = 0; k < 4; ++k) quad4(at(4 * k), at(4 * k + 1), at(4 * k + 2), at(4 * k + 3), quad[k]);
-    }
+    __m512 tot[NR];
+    Sum16<NR>(token, t0, nt, tot);
     const __m512 fv = _mm512_load_ps(fac + t0);
     const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
-                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
-      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
-                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
-      const __m512 tot = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
-                                       _mm512_shuffle_f32x4(w01, w23, 0xDD));
-      __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
+      __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
       if constexpr (KIND >= 1) {
         const float* qg = rs[r]->qgs;
         for (size_t g = 0; g < ng; ++g) l = _mm512_fmadd_ps(_mm512_load_ps(zc[g] + t0), _mm512_set1_ps(qg[g]), l);
