@@ -435,6 +435,15 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
         const bool int16 = rep.kernel.find(" int16 keys+values") != std::string::npos;
         EXPECT_EQ(int16, tname != "SCALAR") << preset << ": report.kernel '" << rep.kernel << "'";
       }
+      // Group-integer keys and values (int8-sym, int-asym with groups of 32)
+      // take the integer kernels on AVX3_DL where AVX-512 VNNI is present.
+#if defined(__x86_64__)
+      if ((preset == "k8_v4" || preset == "q8" || preset == "kivi4") && tname == "AVX3_DL" &&
+          __builtin_cpu_supports("avx512vnni")) {
+        EXPECT_NE(rep.kernel.find(" int16 keys+values"), std::string::npos)
+            << preset << ": report.kernel '" << rep.kernel << "'";
+      }
+#endif
       CheckDecode(f, 8, {.softcap = 8.0f, .window = 37, .threads = 2, .split_tokens = 13},
                   tname + " " + preset + " t2 split13 window37 softcap8");
     }
