@@ -231,6 +231,37 @@ struct GKeys {
   long qmax = 0;
 };
 
+// Split keys (turboquant25/35) as int16 dot products on AVX3_DL with VNNI
+// (ScoreSplit16): the layout of one split row for the kernel, built per
+// task (see MakeSplitKeys).
+struct SplitKeys {
+  bool on = false;
+  size_t ne = 0;    // expansions: two 32-coordinate MSE pieces each
+  size_t nq = 0;    // QJL pieces of 32 signs
+  size_t nq0 = 0;   // ... of the regular group (the first ones)
+  size_t nl = 0;    // 64-byte loads a row (1 or 2)
+  size_t nv = 0;    // int16 query vectors a row: 2 ne + nq
+  size_t nm = 0;    // MSE scale terms (rotation blocks); QJL terms follow
+  size_t rowbytes = 0;
+  long qmax = 0;
+  float lambda[2] = {1.0f, 1.0f};  // sketch weight in the extended query, per group
+  HWY_ALIGN uint8_t perm[4][64];   // row bytes of each piece's 8 qwords
+  HWY_ALIGN uint8_t ctrl[4][64];   // bit offset of each code in its qword
+  HWY_ALIGN uint8_t mask[4][64];   // 2^bits - 1 per lane
+  HWY_ALIGN uint8_t off[4][64];    // table offset of the lane's piece (0 or 16)
+  HWY_ALIGN uint8_t tlo[4][64];    // int16 centroids' low / high bytes, pieces at 0 and 16
+  HWY_ALIGN uint8_t thi[4][64];
+  HWY_ALIGN uint8_t rsel[4][64];   // vpshufb: each lane's MSE ratio from the token's ratio row
+  HWY_ALIGN uint8_t vsel[4][64];   // vpshufb: +V of group 0, -V of group 0, +V, -V of group 1
+  HWY_ALIGN uint8_t tperm[64];     // vpermb: the terms' fp16 bytes
+  uint64_t tmask = 0;              // ... its valid bytes (the rest read as zero)
+  HWY_ALIGN float tmul[16];        // term magnitude per stored fp16 value
+  HWY_ALIGN float tgt[16];         // ratio target per term (MSE 16383.5, QJL +-8191)
+  uint16_t sbyte[8] = {};          // QJL piece q: row byte of its 32 sign bits
+  uint8_t sgroup[8] = {};          // ... and its group
+  uint16_t xmap[16 * 32] = {};     // query lane -> extended query index
+};
+
 struct KeyCtx {
   const attn::Task* task;
   const attn::Comp* kc;
@@ -238,6 +269,7 @@ struct KeyCtx {
   bool fast_mse = false;  // MSE rows take the gather kernels (see attn::Comp::fast)
   I16Book i16;            // the integer kernels apply (keys: ScoreMse16, values: AccumMse16)
   GKeys gk;               // group-scaled integer keys (AVX3_DL: ScoreGKeys)
+  SplitKeys sk;           // split keys as int16 (AVX3_DL: ScoreSplit16)
 };
 
 // One key row's chunk j..j+kL as floats (formats that decode per element).
@@ -328,6 +360,8 @@ struct AScratch {
   std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
   std::vector<int16_t> qg16;  // group-scaled integer keys: per task row, the int16 query (GKeyCoord order)
   std::vector<float> qginv;   // ... and 1 / its scale
+  std::vector<int16_t> qs16x;  // split keys: per task row, the int16 extended query
+  std::vector<float> qs16inv;  // ... and 1 / its scale
 };
 inline AScratch& AttnScratch() {
   static thread_local AScratch s;
@@ -2083,6 +2117,343 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
 
 #endif
 
+#if HWY_TARGET == HWY_AVX3_DL
+// Split keys (turboquant25/35: a regular and an outlier group, each a prod
+// code: (b-1)-bit MSE indices over rotation blocks with one fp16 scale each,
+// then QJL sign bits with a residual norm) as int16 dot products. The MSE
+// codes of every 32-coordinate piece and the sign bits of every 32 QJL
+// coordinates become int16 vectors in the units of one per-token factor,
+// so each query row sums a token in one int32 accumulator: per token, the
+// terms' magnitudes (block scale x largest centroid; QJL coefficient x
+// residual norm / lambda) give ratios to their largest (ScoreGKeys' idea),
+// MSE codes are looked up as int16 centroids (15 bits) and brought to
+// those units by vpmulhrsw, and sign bits become +-V by a masked blend.
+// The query side is one int16 vector per row: the rotated query followed by
+// the QJL sketch times lambda (per group, chosen per task so both halves
+// use the int16 range), so the sign term sum_k sk_k sign_k is a plain
+// product. Two pieces expand together: one byte permute gathers each
+// piece's code bytes into 8 qwords (8 codes each), vpmultishiftqb picks
+// the codes, a ternary-logic op masks them and adds the piece's table
+// offset, and two vpermb give the centroids' low and high bytes.
+inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
+  k->on = false;
+  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d % 64 != 0 || d > 256 ||
+      !CpuHasVnni()) {
+    return false;
+  }
+  struct Piece {
+    size_t byte;   // first code byte in the split row
+    int bits;
+    size_t term;   // its block's scale term
+    size_t xbase;  // extended query index of its first coordinate
+    const float* cent;
+    float cs;      // int16 units per centroid unit
+  };
+  Piece pcs[8];
+  size_t np = 0, nm = 0, nq = 0, rowbytes = 0;
+  size_t term_byte[8] = {};
+  float term_mul[8] = {};
+  for (int g = 0; g < 2; ++g) {
+    const attn::Group& gr = c->groups[g];
+    const CodecPlan& plan = *gr.plan;
+    if (!plan.scale_f16 || plan.mse_bits < 1 || plan.mse_bits > 3 || plan.qjl_dim == 0 ||
+        plan.qjl_dim % 32 != 0) {
+      return false;
+    }
+    rowbytes = std::max(rowbytes, gr.row_offset + plan.row_bytes);
+    const size_t ncent = size_t{1} << plan.mse_bits;
+    for (size_t b = 0; b < plan.num_blocks; ++b) {
+      const BlockPlan& bp = plan.blocks[b];
+      if (bp.size % 32 != 0 || bp.offset % 32 != 0 || nm == 4) return false;
+      float cm = 0.0f;
+      for (size_t e = 0; e < ncent; ++e) cm = std::max(cm, std::fabs(bp.centroids[e]));
+      if (!(cm > 0.0f) || !std::isfinite(cm)) return false;
+      const size_t term = nm++;
+      term_byte[term] = gr.row_offset + plan.scale_offset + b * plan.scale_bytes;
+      term_mul[term] = cm;
+      for (size_t kk = 0; kk < bp.size / 32; ++kk) {
+        if (np == 8) return false;
+        pcs[np++] = {gr.row_offset + (bp.offset + 32 * kk) * static_cast<size_t>(plan.mse_bits) / 8,
+                     plan.mse_bits, term, gr.rot_offset + bp.offset + 32 * kk, bp.centroids,
+                     16383.0f / cm};
+      }
+    }
+    for (size_t kk = 0; kk < plan.qjl_dim / 32; ++kk) {
+      if (nq == 8) return false;
+      k->sbyte[nq] = static_cast<uint16_t>(gr.row_offset + plan.sign_offset + 4 * kk);
+      k->sgroup[nq] = static_cast<uint8_t>(g);
+      ++nq;
+    }
+  }
+  if (np % 2 != 0 || np == 0 || rowbytes > 128) return false;
+  k->ne = np / 2;
+  k->nq = nq;
+  k->nq0 = c->groups[0].plan->qjl_dim / 32;
+  k->nl = rowbytes > 64 ? 2 : 1;
+  k->nv = 2 * k->ne + nq;
+  k->nm = nm;
+  k->rowbytes = rowbytes;
+  // QJL terms: +V of group g at nm + g, -V at nm + 2 + g.
+  for (int g = 0; g < 2; ++g) {
+    const attn::Group& gr = c->groups[g];
+    term_byte[nm + g] = term_byte[nm + 2 + g] = gr.row_offset + gr.plan->resid_offset;
+  }
+  std::memset(k->tperm, 0, sizeof(k->tperm));
+  k->tmask = 0;
+  for (size_t t = 0; t < 16; ++t) {
+    k->tmul[t] = t < nm ? term_mul[t] : 0.0f;  // QJL multipliers: PrepareSplitKeys (lambda)
+    k->tgt[t] = t < nm ? 16383.5f : t < nm + 2 ? 8191.0f : t < nm + 4 ? -8191.0f : 0.0f;
+    if (t < nm + 4) {
+      k->tperm[2 * t] = static_cast<uint8_t>(term_byte[t]);
+      k->tperm[2 * t + 1] = static_cast<uint8_t>(term_byte[t] + 1);
+      k->tmask |= uint64_t{3} << (2 * t);
+    }
+  }
+  for (size_t e = 0; e < k->ne; ++e) {
+    std::memset(k->tlo[e], 0, 64);
+    std::memset(k->thi[e], 0, 64);
+    for (size_t sl = 0; sl < 2; ++sl) {
+      const Piece& p = pcs[2 * e + sl];
+      const size_t bb = static_cast<size_t>(p.bits);
+      for (size_t i = 0; i < 4; ++i) {
+        for (size_t kk = 0; kk < 8; ++kk) {
+          const size_t bi = 8 * (4 * sl + i) + kk;
+          k->perm[e][bi] = static_cast<uint8_t>(p.byte + bb * i + std::min(kk, bb - 1));
+          k->ctrl[e][bi] = static_cast<uint8_t>(bb * kk);
+          k->mask[e][bi] = static_cast<uint8_t>((1u << bb) - 1);
+          k->off[e][bi] = static_cast<uint8_t>(16 * sl);
+        }
+      }
+      for (size_t v = 0; v < (size_t{1} << bb); ++v) {
+        const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(p.cent[v] * p.cs)));
+        k->tlo[e][16 * sl + v] = static_cast<uint8_t>(u & 0xFF);
+        k->thi[e][16 * sl + v] = static_cast<uint8_t>(u >> 8);
+      }
+    }
+    for (size_t blk = 0; blk < 4; ++blk) {
+      const size_t term = pcs[2 * e + blk / 2].term;
+      for (size_t i = 0; i < 16; ++i) k->rsel[e][16 * blk + i] = static_cast<uint8_t>(2 * term + i % 2);
+    }
+    // Query lanes: v = 2 e + h, lane L: block L / 8 -> piece slot (L / 8) / 2.
+    for (size_t h = 0; h < 2; ++h) {
+      for (size_t L = 0; L < 32; ++L) {
+        const size_t blk = L / 8, m = L % 8;
+        k->xmap[(2 * e + h) * 32 + L] =
+            static_cast<uint16_t>(pcs[2 * e + blk / 2].xbase + 16 * (blk % 2) + 8 * h + m);
+      }
+    }
+  }
+  for (size_t q = 0; q < nq; ++q) {
+    const attn::Group& gr = c->groups[k->sgroup[q]];
+    // The piece's index within its group, from its sign bytes.
+    const size_t kk = (k->sbyte[q] - gr.row_offset - gr.plan->sign_offset) / 4;
+    for (size_t L = 0; L < 32; ++L) {
+      k->xmap[(2 * k->ne + q) * 32 + L] = static_cast<uint16_t>(d + gr.sketch_offset + 32 * kk + L);
+    }
+  }
+  for (int g = 0; g < 2; ++g) {
+    for (size_t i = 0; i < 64; ++i) {
+      k->vsel[2 * g][i] = static_cast<uint8_t>(2 * (nm + g) + i % 2);
+      k->vsel[2 * g + 1][i] = static_cast<uint8_t>(2 * (nm + 2 + g) + i % 2);
+    }
+  }
+  // An int32 lane sums 2 nv products of |k16| <= 8192, and Sum16 adds two
+  // lanes of a token in int32.
+  k->qmax = std::min<long>(16383, 2147483647L / (4L * static_cast<long>(k->nv) * 8192L));
+  k->on = true;
+  return true;
+}
+
+// The extended int16 queries of every task row, and the QJL terms'
+// multipliers (lambda is chosen here, from the task's queries).
+inline void PrepareSplitKeys(const attn::Task& task, const attn::Comp& c, SplitKeys* k, AScratch& scr) {
+  const size_t d = task.d, len = k->nv * 32;
+  size_t msk = 0;
+  for (int g = 0; g < 2; ++g) msk += c.groups[g].plan->qjl_dim;
+  float qmx[2] = {0.0f, 0.0f}, smx[2] = {0.0f, 0.0f};
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const attn::Row& row = task.rows[r];
+    if (row.qrot == nullptr || row.qsk == nullptr) continue;
+    for (int g = 0; g < 2; ++g) {
+      const attn::Group& gr = c.groups[g];
+      for (size_t j = 0; j < gr.plan->dim; ++j) qmx[g] = std::max(qmx[g], std::fabs(row.qrot[gr.rot_offset + j]));
+      for (size_t j = 0; j < gr.plan->qjl_dim; ++j) smx[g] = std::max(smx[g], std::fabs(row.qsk[gr.sketch_offset + j]));
+    }
+  }
+  for (int g = 0; g < 2; ++g) {
+    k->lambda[g] = qmx[g] > 0.0f && smx[g] > 0.0f ? qmx[g] / smx[g] : 1.0f;
+    const float coef = static_cast<float>(1.2533141373155002512 / static_cast<double>(c.groups[g].plan->qjl_dim));
+    k->tmul[k->nm + g] = k->tmul[k->nm + 2 + g] = coef / k->lambda[g];
+  }
+  scr.qs16x.assign(task.num_rows * len, 0);
+  scr.qs16inv.assign(task.num_rows, 0.0f);
+  if (scr.tmp.size() < d + msk + len) scr.tmp.resize(d + msk + len);
+  float* x = scr.tmp.data();
+  float* f = x + d + msk;
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const attn::Row& row = task.rows[r];
+    if (row.qrot == nullptr || row.qsk == nullptr) continue;
+    float mx = 0.0f;
+    for (size_t j = 0; j < d; ++j) {
+      x[j] = row.qrot[j];
+      mx = std::max(mx, std::fabs(x[j]));
+    }
+    for (int g = 0; g < 2; ++g) {
+      const attn::Group& gr = c.groups[g];
+      for (size_t j = 0; j < gr.plan->qjl_dim; ++j) {
+        const float v = row.qsk[gr.sketch_offset + j] * k->lambda[g];
+        x[d + gr.sketch_offset + j] = v;
+        mx = std::max(mx, std::fabs(v));
+      }
+    }
+    if (!(mx > 0.0f)) continue;  // zero query: every score is koff
+    const float qs = static_cast<float>(k->qmax) / mx;
+    for (size_t i = 0; i < len; ++i) f[i] = x[k->xmap[i]] * qs;
+    RoundToI16(f, len, scr.qs16x.data() + r * len);
+    scr.qs16inv[r] = 1.0f / qs;
+  }
+}
+
+template <size_t NE, size_t NQ0, size_t NQ1, size_t NL, size_t NR>
+HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                               attn::Row* const* rs, const float* koff, float* const* lg,
+                               AScratch& scr) {
+  constexpr size_t NQ = NQ0 + NQ1;  // QJL pieces of the regular and the outlier group
+  constexpr size_t NV = 2 * NE + NQ;
+  const attn::Task& task = *ctx.task;
+  const SplitKeys& k = ctx.sk;
+  const size_t n = b - a;
+  const int16_t* q[NR];
+  float qi[NR];
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_keys = true;
+    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+    q[r] = scr.qs16x.data() + ri * NV * 32;
+    qi[r] = scr.qs16inv[ri];
+  }
+  const __mmask64 m0 = k.rowbytes >= 64 ? ~__mmask64{0} : ((__mmask64{1} << k.rowbytes) - 1);
+  const __mmask64 m1 = k.rowbytes >= 128 ? ~__mmask64{0}
+                       : k.rowbytes > 64 ? ((__mmask64{1} << (k.rowbytes - 64)) - 1)
+                                         : __mmask64{0};
+  auto bytes = [&](__mmask64 m, __m512i idx, __m512i r0, __m512i r1) __attribute__((always_inline)) {
+    if constexpr (NL == 1) return _mm512_maskz_permutexvar_epi8(m, idx, r0);
+    else return _mm512_maskz_permutex2var_epi8(m, r0, idx, r1);
+  };
+  // Per token of the tile: its ratio row and factor.
+  HWY_ALIGN int16_t rat[kTile][8];
+  HWY_ALIGN float fac[kTile + 16];
+  {
+    const __m512i tperm = _mm512_load_si512(k.tperm);
+    const __m512 tmul = _mm512_load_ps(k.tmul), tgt = _mm512_load_ps(k.tgt);
+    const __m512 lim = _mm512_set1_ps(16383.0f), nlim = _mm512_set1_ps(-16383.0f);
+    size_t t = 0;
+    if constexpr (NL == 1) {
+      // Two tokens a vector (terms of token t in lanes 0..7, of t + 1 in 8..15).
+      const __m512i tperm2 = _mm512_mask_add_epi8(tperm, 0xFFFF0000ull, _mm512_shuffle_i32x4(tperm, tperm, 0x00),
+                                                  _mm512_set1_epi8(64));
+      const __m512 tmul2 = _mm512_shuffle_f32x4(tmul, tmul, 0x44), tgt2 = _mm512_shuffle_f32x4(tgt, tgt, 0x44);
+      const __mmask64 tmask2 = (k.tmask & 0xFFFF) | ((k.tmask & 0xFFFF) << 16);
+      for (; t + 2 <= n; t += 2) {
+        const uint8_t* row = s.k + (a + t) * s.k_stride;
+        // This pass is the first read of the tile's rows: the next tile's
+        // are prefetched here.
+        hwy::Prefetch(row + kTile * s.k_stride);
+        hwy::Prefetch(row + kTile * s.k_stride + 2 * s.k_stride - 1);
+        const __m512i ra = _mm512_maskz_loadu_epi8(m0, row), rb = _mm512_maskz_loadu_epi8(m0, row + s.k_stride);
+        const __m512 w = _mm512_mul_ps(
+            _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_maskz_permutex2var_epi8(tmask2, ra, tperm2, rb))), tmul2);
+        __m512 mx = _mm512_max_ps(w, _mm512_permute_ps(w, 0xB1));
+        mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0x4E));
+        mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0xB1));
+        const __mmask16 pos = _mm512_cmp_ps_mask(mx, _mm512_setzero_ps(), _CMP_GT_OQ);
+        const __m512 f = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), mx);
+        const __m512i ri = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(_mm512_mul_ps(w, tgt2), f), lim), nlim));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(rat[t]), _mm512_cvtepi32_epi16(ri));
+        HWY_ALIGN float mv[16];
+        _mm512_store_ps(mv, mx);
+        fac[t] = mv[0] / 8191.0f;
+        fac[t + 1] = mv[8] / 8191.0f;
+      }
+    }
+    for (; t < n; ++t) {
+      const uint8_t* row = s.k + (a + t) * s.k_stride;
+      const __m512i r0 = _mm512_maskz_loadu_epi8(m0, row);
+      const __m512i r1 = NL > 1 ? _mm512_maskz_loadu_epi8(m1, row + 64) : r0;
+      const __m512 w = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bytes(k.tmask, tperm, r0, r1))), tmul);
+      const float mx = _mm512_reduce_max_ps(w);
+      const __m512 f = _mm512_set1_ps(mx > 0.0f ? 1.0f / mx : 0.0f);
+      const __m512i ri = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(_mm512_mul_ps(w, tgt), f), lim), nlim));
+      _mm_store_si128(reinterpret_cast<__m128i*>(rat[t]), _mm256_castsi256_si128(_mm512_cvtepi32_epi16(ri)));
+      fac[t] = mx / 8191.0f;
+    }
+    for (t = n; t < kTile + 16; ++t) fac[t] = 0.0f;
+  }
+  const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
+  const size_t nvl = (vbytes + 63) / 64;
+  auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
+    const uint8_t* row = s.k + (a + t) * s.k_stride;
+    hwy::Prefetch(row + kDenseAhead * s.k_stride);
+    if (NL > 1) hwy::Prefetch(row + kDenseAhead * s.k_stride + 64);
+    const uint8_t* vrow = s.v + (a + t) * s.v_stride;
+    for (size_t o = 0; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
+    const __m512i r0 = _mm512_maskz_loadu_epi8(m0, row);
+    const __m512i r1 = NL > 1 ? _mm512_maskz_loadu_epi8(m1, row + 64) : r0;
+    const __m512i rv = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(rat[t])));
+    // The book's vectors are read where they are used, every token: hoisted
+    // out of the token loop they outnumber the registers and were spilled.
+    const SplitKeys* kb = &k;
+    asm("" : "+r"(kb));
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+    HWY_UNROLL(4)
+    for (size_t e = 0; e < NE; ++e) {
+      const __m512i g = bytes(~__mmask64{0}, _mm512_load_si512(kb->perm[e]), r0, r1);
+      const __m512i ix = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(_mm512_load_si512(kb->ctrl[e]), g),
+                                                   _mm512_load_si512(kb->mask[e]), _mm512_load_si512(kb->off[e]),
+                                                   0xEA);  // (A & B) | C
+      const __m512i lo = _mm512_permutexvar_epi8(ix, _mm512_load_si512(kb->tlo[e]));
+      const __m512i hi = _mm512_permutexvar_epi8(ix, _mm512_load_si512(kb->thi[e]));
+      const __m512i sc = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->rsel[e]));
+      const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(lo, hi), sc);
+      const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(lo, hi), sc);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const int16_t* qv = q[r] + 2 * e * 32;
+        acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
+        acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
+      }
+    }
+    const __m512i vp0 = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->vsel[0]));
+    const __m512i vn0 = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->vsel[1]));
+    const __m512i vp1 = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->vsel[2]));
+    const __m512i vn1 = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->vsel[3]));
+    HWY_UNROLL(8)
+    for (size_t qq = 0; qq < NQ; ++qq) {
+      uint32_t bits;
+      std::memcpy(&bits, row + kb->sbyte[qq], 4);
+      const __mmask32 km = _cvtu32_mask32(bits);
+      const __m512i kv = qq < NQ0 ? _mm512_mask_blend_epi16(km, vn0, vp0) : _mm512_mask_blend_epi16(km, vn1, vp1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        acc[r] = Dpwssd(acc[r], kv, _mm512_loadu_si512(q[r] + (2 * NE + qq) * 32));
+      }
+    }
+  };
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const size_t nt = std::min<size_t>(16, n - t0);
+    __m512 tot[NR];
+    Sum16<NR>(token, t0, nt, tot);
+    const __m512 fv = _mm512_load_ps(fac + t0);
+    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
+      _mm512_mask_storeu_ps(lg[r] + t0, om, l);
+    }
+  }
+}
+#endif
+
 // Accumulates the four int16 centroid-pair vectors cv into acc[r][0..3] with
 // each row's weight pair.
 template <size_t NR, bool kVnni>
@@ -2277,6 +2648,25 @@ HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 #endif
 
 #if HWY_TARGET == HWY_AVX3_DL
+// Split keys as int16 where they apply (true: they ran).
+template <size_t NR>
+HWY_INLINE bool ScoreSplitAny(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                              attn::Row* const* rs, const float* koff, float* const* lg,
+                              AScratch& scr) {
+  const SplitKeys& k = ctx.sk;
+  if (!k.on) return false;
+  // The recipes' shapes at head_dim 128 and 256 (regular group 3/4 of the
+  // channels: 3 or 6 QJL pieces, the outlier group 1 or 2).
+  if (k.ne == 2 && k.nq0 == 3 && k.nq == 4 && k.nl == 1) {
+    ScoreSplit16<2, 3, 1, 1, NR>(ctx, s, a, b, rs, koff, lg, scr);
+    return true;
+  }
+  if (k.ne == 4 && k.nq0 == 6 && k.nq == 8 && k.nl == 2) {
+    ScoreSplit16<4, 6, 2, 2, NR>(ctx, s, a, b, rs, koff, lg, scr);
+    return true;
+  }
+  return false;
+}
 // Group-scaled integer keys where they apply (true: they ran).
 template <size_t NR>
 HWY_INLINE bool ScoreGKeysAny(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
@@ -2499,6 +2889,9 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       }
       [[fallthrough]];
     case Fmt::kSplit: {
+#if HWY_TARGET == HWY_AVX3_DL
+      if (ScoreSplitAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
+#endif
       if (SplitRowsOk(kc)) return ScoreSplitRows<NR>(ctx, s, a, b, rs, koff, lg, scr);
       // Each TurboQuant group's codec rows of the tile are gathered into one
       // contiguous block (they may sit inside split rows or in two planes),
@@ -3032,6 +3425,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
 #if HWY_TARGET == HWY_AVX3_DL
   kctx.gk = MakeGKeys(task.kc, d);
   if (kctx.gk.on) PrepareGKeys(task, kctx.gk, scr);
+  if (BuildSplitKeys(task.kc, d, &kctx.sk)) PrepareSplitKeys(task, *task.kc, &kctx.sk, scr);
 #endif
   const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
   if (vctx.i16.on) {
