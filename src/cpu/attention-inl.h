@@ -262,6 +262,27 @@ struct SplitKeys {
   uint16_t xmap[16 * 32] = {};     // query lane -> extended query index
 };
 
+// Split values (turboquant25/35 at head_dim 128: two MSE groups, 4 pieces
+// of 32 coordinates) as int16 dot products on AVX3_DL with VNNI
+// (AccumSplit16): the layout of one split row, built per task.
+struct SplitVals {
+  bool on = false;
+  size_t np = 0;      // pieces of 32 coordinates (4)
+  size_t nterm = 0;   // rotation blocks (one scale each)
+  size_t rowbytes = 0;
+  HWY_ALIGN uint8_t perm[4][64];  // vpermi2b of two rows: qword i = codes 4i..4i+3 of each token
+  HWY_ALIGN uint8_t ctrl[4][64];  // bit offsets: byte 2k token a's code k, 2k + 1 token b's
+  HWY_ALIGN uint8_t mask[4][64];
+  HWY_ALIGN uint8_t off[4][64];   // the piece's table at 16 p
+  HWY_ALIGN uint8_t tlo[64];      // int16 centroids (12 bits), low and high bytes
+  HWY_ALIGN uint8_t thi[64];
+  HWY_ALIGN uint8_t tperm[64];    // vpermi2b: the two rows' scale bytes (token a at 0, b at 16)
+  uint64_t tmask = 0;
+  float cs[4] = {};               // int16 units per centroid unit, per term
+  size_t term[4] = {};            // per piece
+  size_t out[4] = {};             // per piece: offset in the rotated accumulator
+};
+
 struct KeyCtx {
   const attn::Task* task;
   const attn::Comp* kc;
@@ -270,6 +291,7 @@ struct KeyCtx {
   I16Book i16;            // the integer kernels apply (keys: ScoreMse16, values: AccumMse16)
   GKeys gk;               // group-scaled integer keys (AVX3_DL: ScoreGKeys)
   SplitKeys sk;           // split keys as int16 (AVX3_DL: ScoreSplit16)
+  SplitVals sv;           // split values as int16 (AVX3_DL: AccumSplit16)
 };
 
 // One key row's chunk j..j+kL as floats (formats that decode per element).
@@ -2454,6 +2476,193 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3_DL
+// Split values as int16 dot products (see SplitVals): per pair of tokens and
+// piece, one two-source byte permute puts the code bytes of 4 coordinates
+// of each token in every qword, vpmultishiftqb interleaves the two tokens'
+// codes (byte 2k: token a's code k, 2k + 1: token b's), a ternary-logic op
+// masks them and adds the piece's table offset, and two vpermb give the
+// int16 centroids (12 bits) as (a, b) pairs; each int32 lane then sums
+// c_a u_a + c_b u_b, u = weight x block scale rounded to 13 bits against
+// the tile's largest per (row, block), as in AccumMse16. Two pieces a pass.
+inline bool BuildSplitVals(const attn::Comp* c, size_t d, SplitVals* v) {
+  v->on = false;
+  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d != 128 || !CpuHasVnni()) return false;
+  size_t np = 0, nterm = 0, rowbytes = 0;
+  size_t term_byte[4] = {};
+  std::memset(v->tlo, 0, 64);
+  std::memset(v->thi, 0, 64);
+  for (int g = 0; g < 2; ++g) {
+    const attn::Group& gr = c->groups[g];
+    const CodecPlan& plan = *gr.plan;
+    if (!plan.scale_f16 || plan.qjl_dim != 0 || plan.mse_bits < 2 || plan.mse_bits > 4) return false;
+    rowbytes = std::max(rowbytes, gr.row_offset + plan.row_bytes);
+    const size_t bb = static_cast<size_t>(plan.mse_bits), ncent = size_t{1} << bb;
+    for (size_t b = 0; b < plan.num_blocks; ++b) {
+      const BlockPlan& bp = plan.blocks[b];
+      if (bp.size % 32 != 0 || bp.offset % 32 != 0 || nterm == 4) return false;
+      float cm = 0.0f;
+      for (size_t e = 0; e < ncent; ++e) cm = std::max(cm, std::fabs(bp.centroids[e]));
+      if (!(cm > 0.0f) || !std::isfinite(cm)) return false;
+      const size_t term = nterm++;
+      term_byte[term] = gr.row_offset + plan.scale_offset + b * plan.scale_bytes;
+      v->cs[term] = static_cast<float>(kValCmax) / cm;
+      for (size_t kk = 0; kk < bp.size / 32; ++kk) {
+        if (np == 4) return false;
+        const size_t p = np++;
+        const size_t byte0 = gr.row_offset + (bp.offset + 32 * kk) * bb / 8;
+        v->term[p] = term;
+        v->out[p] = gr.rot_offset + bp.offset + 32 * kk;
+        for (size_t i = 0; i < 8; ++i) {
+          const size_t first = byte0 + (bb * 4 * i) / 8, shift = (bb * 4 * i) % 8;
+          for (size_t j = 0; j < 8; ++j) {
+            const size_t bi = 8 * i + j;
+            // bytes 0, 1: token a's; 2, 3: token b's (the second source).
+            const size_t src = j < 2 ? first + j : j < 4 ? 64 + first + (j - 2) : first;
+            v->perm[p][bi] = static_cast<uint8_t>(src);
+            const size_t kc = j / 2;  // code k of the qword's 4
+            v->ctrl[p][bi] = static_cast<uint8_t>((j % 2 ? 16 : 0) + shift + bb * kc);
+            v->mask[p][bi] = static_cast<uint8_t>(ncent - 1);
+            v->off[p][bi] = static_cast<uint8_t>(16 * p);
+          }
+        }
+        for (size_t e = 0; e < ncent; ++e) {
+          const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(bp.centroids[e] * v->cs[term])));
+          v->tlo[16 * p + e] = static_cast<uint8_t>(u & 0xFF);
+          v->thi[16 * p + e] = static_cast<uint8_t>(u >> 8);
+        }
+      }
+    }
+  }
+  if (np != 4 || rowbytes > 64) return false;
+  std::memset(v->tperm, 0, 64);
+  v->tmask = 0;
+  for (size_t t = 0; t < nterm; ++t) {
+    for (size_t h = 0; h < 2; ++h) {
+      v->tperm[2 * t + h] = static_cast<uint8_t>(term_byte[t] + h);
+      v->tperm[16 + 2 * t + h] = static_cast<uint8_t>(64 + term_byte[t] + h);
+      v->tmask |= (uint64_t{1} << (2 * t + h)) | (uint64_t{1} << (16 + 2 * t + h));
+    }
+  }
+  v->np = np;
+  v->nterm = nterm;
+  v->rowbytes = rowbytes;
+  v->on = true;
+  return true;
+}
+
+template <size_t NR>
+HWY_NOINLINE void AccumSplit16(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                               attn::Row* const* rs, float* const* w) {
+  const SplitVals& v = vctx.sv;
+  const AF df;
+  const size_t n = b - a, npairs = (n + 1) / 2;
+  const size_t nterm = v.nterm;
+  const __mmask64 lm = v.rowbytes >= 64 ? ~__mmask64{0} : ((__mmask64{1} << v.rowbytes) - 1);
+  const uint8_t* rows[kTile + 1];
+  HWY_ALIGN float sg[4][kTile + kL];
+  {
+    const __m512i tperm = _mm512_load_si512(v.tperm);
+    for (size_t t = 0; t < n; t += 2) {
+      rows[t] = s.v + (a + t) * s.v_stride;
+      const uint8_t* rb = t + 1 < n ? rows[t] + s.v_stride : rows[t];
+      if (t + 1 < n) rows[t + 1] = rb;
+      const __m512i xa = _mm512_maskz_loadu_epi8(lm, rows[t]), xb = _mm512_maskz_loadu_epi8(lm, rb);
+      HWY_ALIGN float sz[16];
+      _mm512_store_ps(sz, _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_maskz_permutex2var_epi8(v.tmask, xa, tperm, xb))));
+      for (size_t tm = 0; tm < nterm; ++tm) {
+        sg[tm][t] = sz[tm];
+        if (t + 1 < n) sg[tm][t + 1] = sz[8 + tm];
+      }
+    }
+  }
+  rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
+  for (size_t tm = 0; tm < nterm; ++tm) {
+    for (size_t t = n; t < kTile + kL; ++t) sg[tm][t] = 0.0f;
+  }
+  HWY_ALIGN int16_t w16[NR][4][kTile + kL];
+  float fac[NR][4];
+  const hn::Rebind<int16_t, AF> dh;
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_values = true;
+    HWY_ALIGN float wr[kTile + kL];
+    size_t t = 0;
+    for (; t < n; ++t) wr[t] = w[r][t];
+    for (; t < kTile + kL; ++t) wr[t] = 0.0f;
+    for (size_t tm = 0; tm < nterm; ++tm) {
+      AV mxv = hn::Zero(df);
+      for (size_t u = 0; u < n; u += kL) {
+        mxv = hn::Max(mxv, hn::Abs(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sg[tm] + u))));
+      }
+      const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
+      fac[r][tm] = mx > 0.0f ? mx / (static_cast<float>(kWmax) * v.cs[tm]) : 0.0f;
+      const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(kWmax) / mx : 0.0f);
+      for (size_t u = 0; u < n + 1; u += kL) {
+        const AV x = hn::Mul(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sg[tm] + u)), f);
+        hn::Store(hn::DemoteTo(dh, hn::NearestInt(x)), dh, w16[r][tm] + u);
+      }
+    }
+  }
+  const __m512i tlo = _mm512_load_si512(v.tlo), thi = _mm512_load_si512(v.thi);
+  // Lane 4 j + k of the low / high vector holds coordinate 8 j + k / 8 j + 4 + k.
+  const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (size_t p0 = 0; p0 < 4; p0 += 2) {
+    const size_t t0 = v.term[p0], t1 = v.term[p0 + 1];
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i a00 = zero, a01 = zero, a02 = zero, a03 = zero, a10 = zero, a11 = zero, a12 = zero,
+            a13 = zero, a20 = zero, a21 = zero, a22 = zero, a23 = zero, a30 = zero, a31 = zero,
+            a32 = zero, a33 = zero;
+    for (size_t p = 0; p < npairs; ++p) {
+      const SplitVals* vb = &v;
+      asm("" : "+r"(vb));  // the book's vectors read here, not hoisted into spilled registers
+      const __m512i xa = _mm512_maskz_loadu_epi8(lm, rows[2 * p]);
+      const __m512i xb = _mm512_maskz_loadu_epi8(lm, rows[2 * p + 1]);
+      auto expand = [&](size_t pc, __m512i* c0, __m512i* c1) __attribute__((always_inline)) {
+        const __m512i g = _mm512_permutex2var_epi8(xa, _mm512_load_si512(vb->perm[pc]), xb);
+        const __m512i ix = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(_mm512_load_si512(vb->ctrl[pc]), g),
+                                                     _mm512_load_si512(vb->mask[pc]), _mm512_load_si512(vb->off[pc]),
+                                                     0xEA);  // (A & B) | C
+        const __m512i lo = _mm512_permutexvar_epi8(ix, tlo), hi = _mm512_permutexvar_epi8(ix, thi);
+        *c0 = _mm512_unpacklo_epi8(lo, hi);
+        *c1 = _mm512_unpackhi_epi8(lo, hi);
+      };
+      __m512i c0, c1, c2, c3;
+      expand(p0, &c0, &c1);
+      expand(p0 + 1, &c2, &c3);
+#define TQ_SROW(R)                                                        \
+  if constexpr (NR > R) {                                                 \
+    int32_t q0, q1;                                                       \
+    std::memcpy(&q0, w16[R][t0] + 2 * p, 4);                              \
+    std::memcpy(&q1, w16[R][t1] + 2 * p, 4);                              \
+    const __m512i w0 = _mm512_set1_epi32(q0), w1 = _mm512_set1_epi32(q1); \
+    a##R##0 = Dpwssd(a##R##0, c0, w0);                                    \
+    a##R##1 = Dpwssd(a##R##1, c1, w0);                                    \
+    a##R##2 = Dpwssd(a##R##2, c2, w1);                                    \
+    a##R##3 = Dpwssd(a##R##3, c3, w1);                                    \
+  }
+      TQ_SROW(0) TQ_SROW(1) TQ_SROW(2) TQ_SROW(3)
+#undef TQ_SROW
+    }
+    auto put = [&](float* dst, float f, __m512i sum) __attribute__((always_inline)) {
+      _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(f), _mm512_loadu_ps(dst)));
+    };
+    auto flush = [&](size_t r, __m512i s0, __m512i s1, __m512i s2, __m512i s3) __attribute__((always_inline)) {
+      float* d0 = rs[r]->accr + v.out[p0];
+      float* d1 = rs[r]->accr + v.out[p0 + 1];
+      put(d0, fac[r][t0], _mm512_permutex2var_epi32(s0, back0, s1));
+      put(d0 + 16, fac[r][t0], _mm512_permutex2var_epi32(s0, back1, s1));
+      put(d1, fac[r][t1], _mm512_permutex2var_epi32(s2, back0, s3));
+      put(d1 + 16, fac[r][t1], _mm512_permutex2var_epi32(s2, back1, s3));
+    };
+#define TQ_SFLUSH(R) \
+  if constexpr (NR > R) flush(R, a##R##0, a##R##1, a##R##2, a##R##3);
+    TQ_SFLUSH(0) TQ_SFLUSH(1) TQ_SFLUSH(2) TQ_SFLUSH(3)
+#undef TQ_SFLUSH
+  }
+}
+#endif
+
 // Accumulates the four int16 centroid-pair vectors cv into acc[r][0..3] with
 // each row's weight pair.
 template <size_t NR, bool kVnni>
@@ -3255,6 +3464,9 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
       if (vc.fast_mse) return AccumMseFast<NR>(vctx, s, a, b, rs, w, scr);
       break;  // below: rotated domain, one row at a time
     case Fmt::kSplit:
+#if HWY_TARGET == HWY_AVX3_DL
+      if (vctx.sv.on) return AccumSplit16<NR>(vctx, s, a, b, rs, w);
+#endif
       if (SplitValuesOk(vc)) return AccumSplitRows<NR>(vctx, s, a, b, rs, w, scr);
       break;
     case Fmt::kF16:
@@ -3426,6 +3638,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   kctx.gk = MakeGKeys(task.kc, d);
   if (kctx.gk.on) PrepareGKeys(task, kctx.gk, scr);
   if (BuildSplitKeys(task.kc, d, &kctx.sk)) PrepareSplitKeys(task, *task.kc, &kctx.sk, scr);
+  BuildSplitVals(task.vc, d, &vctx.sv);
 #endif
   const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
   if (vctx.i16.on) {
