@@ -1681,15 +1681,19 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
   HWY_ALIGN float zg[8][kTile + kL];
   const uint8_t* rows[kTile + 1];
   {
-    // The meta of a row is ng (scale, zero) fp16 pairs.
-    const __mmask16 hm = static_cast<__mmask16>((1u << (2 * ng)) - 1);
-    for (size_t t = 0; t < n; ++t) {
-      rows[t] = s.v + (a + t) * s.v_stride;
-      HWY_ALIGN float sz[16];
-      _mm512_store_ps(sz, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(hm, s.vm + (a + t) * s.vm_stride)));
+    // The meta of a row is ng (scale, zero) fp16 pairs: gathered 16 tokens
+    // and one group at a time (a per-token load and scalar stores into the
+    // transposed arrays stalled on each load).
+    for (size_t t = 0; t < n; ++t) rows[t] = s.v + (a + t) * s.v_stride;
+    const __m512i tix = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(static_cast<int>(s.vm_stride)));
+    for (size_t t0 = 0; t0 < n; t0 += 16) {
+      const __mmask16 tm = n - t0 >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (n - t0)) - 1);
+      const uint8_t* base = s.vm + (a + t0) * s.vm_stride;
       for (size_t g = 0; g < ng; ++g) {
-        sg[g][t] = sz[2 * g];
-        zg[g][t] = sz[2 * g + 1];
+        const __m512i sz = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tm, tix, base + 4 * g, 1);
+        _mm512_store_ps(sg[g] + t0, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(sz)));
+        _mm512_store_ps(zg[g] + t0, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(sz, 16))));
       }
     }
   }
