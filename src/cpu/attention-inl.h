@@ -996,6 +996,21 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
   }
 }
 
+// Marks rows rs[0..NR) as scored by an integer key kernel and points q[r]
+// at each row's int16 query (len lanes a task row, in q16) and qi[r] at its
+// inverse scale (inv).
+template <size_t NR>
+HWY_INLINE void IntKeyRows(const attn::Task& task, attn::Row* const* rs, const std::vector<int16_t>& q16,
+                           size_t len, const std::vector<float>& inv, const int16_t** q, float* qi) {
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_keys = true;
+    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
+    q[r] = q16.data() + ri * len;
+    qi[r] = inv[ri];
+  }
+}
+
 // Int16 centroids of index bytes ix (one 16-entry table per 128-bit block):
 // c0 holds bytes 0..7 of every block, c1 bytes 8..15.
 template <class V8>
@@ -1215,13 +1230,7 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   const auto m4 = hn::Set(d8, uint8_t{0x0F});
   const int16_t* q[NR];
   float qi[NR];
-  HWY_UNROLL(4)
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_keys = true;
-    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
-    q[r] = scr.q16.data() + ri * len;
-    qi[r] = scr.qinv[ri];
-  }
+  IntKeyRows<NR>(task, rs, scr.q16, len, scr.qinv, q, qi);
   Qjl16<NR> qc;
   if constexpr (kQjl) qc = MakeQjl16<NR>(task, z, rs, scr);
   HWY_ALIGN AV qparts[kQjl ? NR : 1][kL];
@@ -1478,6 +1487,27 @@ HWY_INLINE void Sum16(const Token& token, size_t t0, size_t nt, __m512* out) {
   }
 }
 
+// Scores of a tile's n tokens from token(t, acc) (t relative to the tile),
+// 16 at a time: lg[r][t] = sum * fac[t] * qi[r] + koff[r] + extra(r, t0)
+// lane t - t0 (extra: the caller's additive terms for 16 tokens; fac padded
+// to a multiple of 16).
+template <size_t NR, class Token, class Extra>
+HWY_INLINE void StoreScores16(const Token& token, size_t n, const float* fac, const float* qi,
+                              const float* koff, float* const* lg, const Extra& extra) {
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const size_t nt = std::min<size_t>(16, n - t0);
+    __m512 tot[NR];
+    Sum16<NR>(token, t0, nt, tot);
+    const __m512 fv = _mm512_load_ps(fac + t0);
+    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
+      _mm512_mask_storeu_ps(lg[r] + t0, om, _mm512_add_ps(l, extra(r, t0)));
+    }
+  }
+}
+
 // Key scores of NR rows against tokens [a, b), 16 tokens at a time: each
 // token's NR int32 partial-sum vectors are reduced by in-lane unpacks with
 // the next token's (pairs, then quads), the four quads of 16 tokens by two
@@ -1496,12 +1526,7 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   const size_t len = z.nvec_k * kN16;
   const int16_t* q[NR];
   float qi[NR];
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_keys = true;
-    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
-    q[r] = scr.q16.data() + ri * len;
-    qi[r] = scr.qinv[ri];
-  }
+  IntKeyRows<NR>(task, rs, scr.q16, len, scr.qinv, q, qi);
   __mmask64 lm[NL];
   FixedMasks<BITS, NL>(plan.index_bytes, lm);
   const __m512i tlo = _mm512_load_si512(z.lo64), thi = _mm512_load_si512(z.hi64);
@@ -1663,6 +1688,30 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
 // every int32 lane (bytes 0 and 2), and shifts and masks pick the codes
 // (4 bits: even and odd coordinates of each group; 2 bits: code k of every
 // byte, the low 8 lanes from the first group, the high 8 from the second).
+// The int16 weights of one query row and one scale group of a tile (the
+// integer value kernels): u_t = round(w_t s_t wmax / m) for t < n + 1 (wr and
+// sc are zero past n), m = max_t |w_t s_t|, which it returns (0: all zero).
+HWY_INLINE float TileWeights16(const float* wr, const float* sc, size_t n, int wmax, int16_t* out) {
+  const AF df;
+  const hn::Rebind<int16_t, AF> dh;
+  AV mxv = hn::Zero(df);
+  for (size_t u = 0; u < n; u += kL) mxv = hn::Max(mxv, hn::Abs(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sc + u))));
+  const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
+  const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(wmax) / mx : 0.0f);
+  for (size_t u = 0; u < n + 1; u += kL) {
+    hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sc + u)), f))), dh,
+              out + u);
+  }
+  return mx;
+}
+
+// Row r's weights of a tile of n tokens, zero-padded to kTile + kL.
+HWY_INLINE void PadWeights(const float* w, size_t n, float* wr) {
+  size_t t = 0;
+  for (; t < n; ++t) wr[t] = w[t];
+  for (; t < kTile + kL; ++t) wr[t] = 0.0f;
+}
+
 inline const uint8_t* ZeroRow() {
   alignas(64) static const uint8_t z[256] = {};
   return z;
@@ -1703,28 +1752,15 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
   }
   HWY_ALIGN int16_t w16[NR][8][kTile + kL];
   float fac[NR][8], zsum[NR][8];
-  const hn::Rebind<int16_t, AF> dh;
   for (size_t r = 0; r < NR; ++r) {
     rs[r]->int_values = true;
     HWY_ALIGN float wr[kTile + kL];
-    size_t t = 0;
-    for (; t < n; ++t) wr[t] = w[r][t];
-    for (; t < kTile + kL; ++t) wr[t] = 0.0f;
+    PadWeights(w[r], n, wr);
     for (size_t g = 0; g < ng; ++g) {
-      AV mxv = hn::Zero(df), zv = hn::Zero(df);
-      for (size_t u = 0; u < n; u += kL) {
-        const AV wv = hn::Load(df, wr + u);
-        mxv = hn::Max(mxv, hn::Abs(hn::Mul(wv, hn::Load(df, sg[g] + u))));
-        zv = hn::MulAdd(wv, hn::Load(df, zg[g] + u), zv);
-      }
-      const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
+      AV zv = hn::Zero(df);
+      for (size_t u = 0; u < n; u += kL) zv = hn::MulAdd(hn::Load(df, wr + u), hn::Load(df, zg[g] + u), zv);
       zsum[r][g] = hn::GetLane(hn::SumOfLanes(df, zv));
-      fac[r][g] = mx > 0.0f ? mx / static_cast<float>(kAsymWmax) : 0.0f;
-      const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(kAsymWmax) / mx : 0.0f);
-      for (size_t u = 0; u < n + 1; u += kL) {
-        const AV x = hn::Mul(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sg[g] + u)), f);
-        hn::Store(hn::DemoteTo(dh, hn::NearestInt(x)), dh, w16[r][g] + u);
-      }
+      fac[r][g] = TileWeights16(wr, sg[g], n, kAsymWmax, w16[r][g]) / static_cast<float>(kAsymWmax);
     }
   }
   // Byte permute of the 4- and 2-bit kernels: int32 lane i gets byte i of
@@ -1962,12 +1998,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   const size_t nbytes = ctx.kc->payload_bytes;
   const int16_t* q[NR];
   float qi[NR];
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_keys = true;
-    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
-    q[r] = scr.qg16.data() + ri * NV * 32;
-    qi[r] = scr.qginv[ri];
-  }
+  IntKeyRows<NR>(task, rs, scr.qg16, NV * 32, scr.qginv, q, qi);
   // Per token of the tile: the ratios R (16 bytes), the factor from int16
   // units to key units, and (int-asym) the centered zeros per group.
   HWY_ALIGN int16_t rat[kTile][8];
@@ -2073,13 +2104,34 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     for (size_t r = 0; r < NR; ++r) acc[r] = zero;
     HWY_UNROLL(4)
     for (size_t l = 0; l < NL; ++l) {
-      if constexpr (KIND == 2) {
-        // 32 code bytes: planes 0 and 1 in one vector, 2 and 3 in another.
-        const __m256i x = _mm256_maskz_loadu_epi8(static_cast<__mmask32>(lm[l]), row + 32 * l);
-        const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 2), 1);
-        const __m512i p0 = _mm512_permutexvar_epi8(y, ntab);
-        const __m512i p1 = _mm512_permutexvar_epi8(_mm512_srli_epi16(y, 4), ntab);
-        const __m512i s0 = _mm512_shuffle_epi8(rv, sel[l][0]), s1 = _mm512_shuffle_epi8(rv, sel[l][1]);
+      if constexpr (KIND == 0) {
+        const __m512i x = _mm512_maskz_loadu_epi8(lm[l], row + 64 * l);
+        const __m512i sc = _mm512_shuffle_epi8(rv, sel[l][0]);
+        const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, x), sc);
+        const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, x), sc);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          const int16_t* qv = q[r] + 2 * l * 32;
+          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
+          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
+        }
+      } else {
+        // Two vectors of centered code bytes (p0, p1) and the ratios of their
+        // unpack halves (s0, s1).
+        __m512i p0, p1, s0, s1;
+        if constexpr (KIND == 2) {  // 32 code bytes: planes 0, 1 in one vector, 2, 3 in the other
+          const __m256i x = _mm256_maskz_loadu_epi8(static_cast<__mmask32>(lm[l]), row + 32 * l);
+          const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 2), 1);
+          p0 = _mm512_permutexvar_epi8(y, ntab);
+          p1 = _mm512_permutexvar_epi8(_mm512_srli_epi16(y, 4), ntab);
+          s0 = _mm512_shuffle_epi8(rv, sel[l][0]);
+          s1 = _mm512_shuffle_epi8(rv, sel[l][1]);
+        } else {  // 64 code bytes: the low and the high nibbles
+          const __m512i x = _mm512_maskz_loadu_epi8(lm[l], row + 64 * l);
+          p0 = _mm512_permutexvar_epi8(x, ntab);
+          p1 = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), ntab);
+          s0 = s1 = _mm512_shuffle_epi8(rv, sel[l][0]);
+        }
         const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p0), s0);
         const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p0), s1);
         const __m512i k2 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p1), s0);
@@ -2092,53 +2144,18 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
           acc[r] = Dpwssd(acc[r], k2, _mm512_loadu_si512(qv + 64));
           acc[r] = Dpwssd(acc[r], k3, _mm512_loadu_si512(qv + 96));
         }
-        continue;
-      }
-      const __m512i x = _mm512_maskz_loadu_epi8(lm[l], row + 64 * l);
-      const __m512i sc = _mm512_shuffle_epi8(rv, sel[l][0]);
-      if constexpr (KIND == 0) {
-        const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, x), sc);
-        const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, x), sc);
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          const int16_t* qv = q[r] + 2 * l * 32;
-          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
-          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
-        }
-      } else {
-        const __m512i p0 = _mm512_permutexvar_epi8(x, ntab);
-        const __m512i p1 = _mm512_permutexvar_epi8(_mm512_srli_epi16(x, 4), ntab);
-        const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p0), sc);
-        const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p0), sc);
-        const __m512i k2 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p1), sc);
-        const __m512i k3 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p1), sc);
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          const int16_t* qv = q[r] + 4 * l * 32;
-          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
-          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
-          acc[r] = Dpwssd(acc[r], k2, _mm512_loadu_si512(qv + 64));
-          acc[r] = Dpwssd(acc[r], k3, _mm512_loadu_si512(qv + 96));
-        }
       }
     }
   };
-  for (size_t t0 = 0; t0 < n; t0 += 16) {
-    const size_t nt = std::min<size_t>(16, n - t0);
-    __m512 tot[NR];
-    Sum16<NR>(token, t0, nt, tot);
-    const __m512 fv = _mm512_load_ps(fac + t0);
-    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
-      if constexpr (KIND >= 1) {
-        const float* qg = rs[r]->qgs;
-        for (size_t g = 0; g < ng; ++g) l = _mm512_fmadd_ps(_mm512_load_ps(zc[g] + t0), _mm512_set1_ps(qg[g]), l);
-      }
-      _mm512_mask_storeu_ps(lg[r] + t0, om, l);
+  // int-asym: sum_g (z_g + 2^(bits-1) s_g) sum_{j in g} q_j.
+  StoreScores16<NR>(token, n, fac, qi, koff, lg, [&](size_t r, size_t t0) __attribute__((always_inline)) {
+    __m512 z = _mm512_setzero_ps();
+    if constexpr (KIND >= 1) {
+      const float* qg = rs[r]->qgs;
+      for (size_t g = 0; g < ng; ++g) z = _mm512_fmadd_ps(_mm512_load_ps(zc[g] + t0), _mm512_set1_ps(qg[g]), z);
     }
-  }
+    return z;
+  });
 }
 
 #endif
@@ -2161,6 +2178,16 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
 // piece's code bytes into 8 qwords (8 codes each), vpmultishiftqb picks
 // the codes, a ternary-logic op masks them and adds the piece's table
 // offset, and two vpermb give the centroids' low and high bytes.
+// A split group's rotation block usable by the int16 split kernels (sizes
+// and offsets in whole 32-coordinate pieces): the largest |centroid| of its
+// codebook, or 0 when it does not qualify.
+inline float SplitBlockCmax(const BlockPlan& bp, int bits) {
+  if (bp.size % 32 != 0 || bp.offset % 32 != 0) return 0.0f;
+  float cm = 0.0f;
+  for (size_t e = 0; e < (size_t{1} << bits); ++e) cm = std::max(cm, std::fabs(bp.centroids[e]));
+  return cm > 0.0f && std::isfinite(cm) ? cm : 0.0f;
+}
+
 inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
   k->on = false;
   if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d % 64 != 0 || d > 256 ||
@@ -2187,13 +2214,10 @@ inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
       return false;
     }
     rowbytes = std::max(rowbytes, gr.row_offset + plan.row_bytes);
-    const size_t ncent = size_t{1} << plan.mse_bits;
     for (size_t b = 0; b < plan.num_blocks; ++b) {
       const BlockPlan& bp = plan.blocks[b];
-      if (bp.size % 32 != 0 || bp.offset % 32 != 0 || nm == 4) return false;
-      float cm = 0.0f;
-      for (size_t e = 0; e < ncent; ++e) cm = std::max(cm, std::fabs(bp.centroids[e]));
-      if (!(cm > 0.0f) || !std::isfinite(cm)) return false;
+      const float cm = SplitBlockCmax(bp, plan.mse_bits);
+      if (cm == 0.0f || nm == 4) return false;
       const size_t term = nm++;
       term_byte[term] = gr.row_offset + plan.scale_offset + b * plan.scale_bytes;
       term_mul[term] = cm;
@@ -2351,12 +2375,7 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   const size_t n = b - a;
   const int16_t* q[NR];
   float qi[NR];
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_keys = true;
-    const size_t ri = static_cast<size_t>(rs[r] - task.rows);
-    q[r] = scr.qs16x.data() + ri * NV * 32;
-    qi[r] = scr.qs16inv[ri];
-  }
+  IntKeyRows<NR>(task, rs, scr.qs16x, NV * 32, scr.qs16inv, q, qi);
   const __mmask64 m0 = k.rowbytes >= 64 ? ~__mmask64{0} : ((__mmask64{1} << k.rowbytes) - 1);
   const __mmask64 m1 = k.rowbytes >= 128 ? ~__mmask64{0}
                        : k.rowbytes > 64 ? ((__mmask64{1} << (k.rowbytes - 64)) - 1)
@@ -2465,18 +2484,8 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
       }
     }
   };
-  for (size_t t0 = 0; t0 < n; t0 += 16) {
-    const size_t nt = std::min<size_t>(16, n - t0);
-    __m512 tot[NR];
-    Sum16<NR>(token, t0, nt, tot);
-    const __m512 fv = _mm512_load_ps(fac + t0);
-    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
-      _mm512_mask_storeu_ps(lg[r] + t0, om, l);
-    }
-  }
+  StoreScores16<NR>(token, n, fac, qi, koff, lg,
+                    [](size_t, size_t) __attribute__((always_inline)) { return _mm512_setzero_ps(); });
 }
 #endif
 
@@ -2504,10 +2513,8 @@ inline bool BuildSplitVals(const attn::Comp* c, size_t d, SplitVals* v) {
     const size_t bb = static_cast<size_t>(plan.mse_bits), ncent = size_t{1} << bb;
     for (size_t b = 0; b < plan.num_blocks; ++b) {
       const BlockPlan& bp = plan.blocks[b];
-      if (bp.size % 32 != 0 || bp.offset % 32 != 0 || nterm == 4) return false;
-      float cm = 0.0f;
-      for (size_t e = 0; e < ncent; ++e) cm = std::max(cm, std::fabs(bp.centroids[e]));
-      if (!(cm > 0.0f) || !std::isfinite(cm)) return false;
+      const float cm = SplitBlockCmax(bp, plan.mse_bits);
+      if (cm == 0.0f || nterm == 4) return false;
       const size_t term = nterm++;
       term_byte[term] = gr.row_offset + plan.scale_offset + b * plan.scale_bytes;
       v->cs[term] = static_cast<float>(kValCmax) / cm;
@@ -2586,25 +2593,12 @@ HWY_NOINLINE void AccumSplit16(const KeyCtx& vctx, const attn::Seg& s, size_t a,
   }
   HWY_ALIGN int16_t w16[NR][4][kTile + kL];
   float fac[NR][4];
-  const hn::Rebind<int16_t, AF> dh;
   for (size_t r = 0; r < NR; ++r) {
     rs[r]->int_values = true;
     HWY_ALIGN float wr[kTile + kL];
-    size_t t = 0;
-    for (; t < n; ++t) wr[t] = w[r][t];
-    for (; t < kTile + kL; ++t) wr[t] = 0.0f;
+    PadWeights(w[r], n, wr);
     for (size_t tm = 0; tm < nterm; ++tm) {
-      AV mxv = hn::Zero(df);
-      for (size_t u = 0; u < n; u += kL) {
-        mxv = hn::Max(mxv, hn::Abs(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sg[tm] + u))));
-      }
-      const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
-      fac[r][tm] = mx > 0.0f ? mx / (static_cast<float>(kWmax) * v.cs[tm]) : 0.0f;
-      const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(kWmax) / mx : 0.0f);
-      for (size_t u = 0; u < n + 1; u += kL) {
-        const AV x = hn::Mul(hn::Mul(hn::Load(df, wr + u), hn::Load(df, sg[tm] + u)), f);
-        hn::Store(hn::DemoteTo(dh, hn::NearestInt(x)), dh, w16[r][tm] + u);
-      }
+      fac[r][tm] = TileWeights16(wr, sg[tm], n, kWmax, w16[r][tm]) / (static_cast<float>(kWmax) * v.cs[tm]);
     }
   }
   const __m512i tlo = _mm512_load_si512(v.tlo), thi = _mm512_load_si512(v.thi);
