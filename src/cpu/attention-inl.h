@@ -8,8 +8,12 @@
 // decode serves every query head of the group). One-block TurboQuant-MSE
 // keys and values of 2..4 bits, and int-asym values with one group a row,
 // take the integer kernels (ScoreMse16, AccumMse16: int16 centroids, int16
-// queries and tile weights, int32 sums); other TurboQuant rows take the fp32
-// kernels (centroid table in one register on AVX-512: TableLookupLanes).
+// queries and tile weights, int32 sums); on AVX3_DL with VNNI so do int8-sym
+// and int-asym keys and int-asym values in groups of 32 (ScoreGKeys,
+// AccumAsymG32) and the split recipes' keys and values (ScoreSplit16,
+// AccumSplit16), several scales a row brought to one unit per token; other
+// TurboQuant rows take the fp32 kernels (centroid table in one register on
+// AVX-512: TableLookupLanes).
 // TurboQuant values are accumulated in the value codec's rotated domain
 // (weight · scale · centroid); the driver rotates the sum back once per row.
 // Other integer formats are decoded in registers. Results agree with the fp64
