@@ -374,6 +374,7 @@ struct AScratch {
   std::vector<RowDecoder> decs;
   std::vector<uint8_t> pad;     // one row's indices, zero-padded
   std::vector<float> ktile, vtile;  // decoded tiles (prefill)
+  std::vector<float> ktileT;        // the key tile transposed (prefill)
   std::vector<uint8_t> idx;   // unpacked indices of one row (padded)
   std::vector<uint8_t> row;   // one assembled codec row (prod keys in split planes)
   std::vector<float> tmp;
@@ -3591,6 +3592,51 @@ HWY_INLINE void DecodeTile(const attn::Task& task, const attn::Comp* c, const Lu
   }
 }
 
+// Prefill keys of a decoded fp32 tile held transposed (kt[j * kTile + t]):
+// the scores of NR rows against its n tokens as a small matrix product with
+// a vector of tokens per accumulator, so no horizontal sums: for each
+// coordinate j, NC token vectors are loaded and each row's q_j broadcast.
+template <size_t NR>
+HWY_NOINLINE void ScoreTileT(const float* kt, size_t n, size_t d, const float* const* q,
+                             const float* koff, float* const* lg) {
+  const AF df;
+  constexpr size_t NC = kL >= 16 ? 4 : kL >= 4 ? 2 : 1;  // token vectors a pass
+  for (size_t t0 = 0; t0 < n; t0 += NC * kL) {
+    AV acc[NR][NC];
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_UNROLL(4)
+      for (size_t c = 0; c < NC; ++c) acc[r][c] = hn::Set(df, koff[r]);
+    }
+    for (size_t j = 0; j < d; ++j) {
+      AV kv[NC];
+      HWY_UNROLL(4)
+      for (size_t c = 0; c < NC; ++c) kv[c] = hn::LoadU(df, kt + j * kTile + t0 + c * kL);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const AV qv = hn::Set(df, q[r][j]);
+        HWY_UNROLL(4)
+        for (size_t c = 0; c < NC; ++c) acc[r][c] = hn::MulAdd(qv, kv[c], acc[r][c]);
+      }
+    }
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_UNROLL(4)
+      for (size_t c = 0; c < NC; ++c) {
+        const size_t t = t0 + c * kL;
+        if (t >= n) break;
+        if (t + kL <= n) {
+          hn::StoreU(acc[r][c], df, lg[r] + t);
+        } else {
+          HWY_ALIGN float tmp[kL];
+          hn::Store(acc[r][c], df, tmp);
+          for (size_t i = 0; t + i < n; ++i) lg[r][t + i] = tmp[i];
+        }
+      }
+    }
+  }
+}
+
 // Calls f(std::integral_constant<size_t, NR>) for NR = nr (1..kGroup).
 template <class F>
 HWY_INLINE void WithRows(size_t nr, F&& f) {
@@ -3694,11 +3740,17 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       if (k_tile) {
         scr.ktile.resize(n * d);
         DecodeTile(task, task.kc, kctx.luts[0], s, true, pa - s.pos0, n, scr.ktile.data(), scr);
-        attn::Seg ts;
-        ts.count = n;
-        ts.k = reinterpret_cast<const uint8_t*>(scr.ktile.data());
-        ts.k_stride = d * sizeof(float);
-        const DecodeInfo f32 = MakeInfo(Fmt::kF32, nullptr, nullptr);
+        // Transposed once (coordinate-major, kTile tokens a row) for every
+        // row group's small matrix product.
+        scr.ktileT.resize(d * kTile + kL);
+        float* kt = scr.ktileT.data();
+        for (size_t t = 0; t < n; ++t) {
+          const float* src = scr.ktile.data() + t * d;
+          for (size_t j = 0; j < d; ++j) kt[j * kTile + t] = src[j];
+        }
+        for (size_t j = 0; j < d; ++j) {
+          for (size_t t = n; t < kTile; ++t) kt[j * kTile + t] = 0.0f;
+        }
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
           const float* q[kGroup];
@@ -3707,7 +3759,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
             q[r] = s.compressed ? act[g0 + r]->qrot : act[g0 + r]->q;
             koff[r] = s.compressed ? act[g0 + r]->koff : 0.0f;
           }
-          WithRows(nr, [&](auto NR) { ScoreDecoded<NR()>(f32, ts, 0, n, d, q, koff, lg + g0, scr); });
+          WithRows(nr, [&](auto NR) { ScoreTileT<NR()>(kt, n, d, q, koff, lg + g0); });
         }
       } else {
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
