@@ -3663,6 +3663,48 @@ HWY_INLINE void InitCtx(const attn::Task& task, const attn::Comp* c, KeyCtx* ctx
 
 }  // namespace attnk
 
+// y = M^T x for mt = M^T row-major [rows][cols] (the QJL sketch of a query:
+// S q' with S^T stored), in fp32 with fused multiply-adds: the attention
+// driver's query preparation (not bit-equal to ref::MatTVec).
+HWY_NOINLINE void MatTVecImpl(const float* mt, const float* x, size_t rows, size_t cols, float* y) {
+  using namespace attnk;  // NOLINT
+  const AF df;
+  size_t j = 0;
+  // Four column vectors and two chains over the rows (eight independent
+  // accumulators: one chain of dependent FMAs was latency-bound).
+  for (; j + 4 * kL <= cols; j += 4 * kL) {
+    AV a[2][4];
+    for (size_t h = 0; h < 2; ++h) {
+      for (size_t c = 0; c < 4; ++c) a[h][c] = hn::Zero(df);
+    }
+    size_t i = 0;
+    for (; i + 2 <= rows; i += 2) {
+      HWY_UNROLL(2)
+      for (size_t h = 0; h < 2; ++h) {
+        const AV xi = hn::Set(df, x[i + h]);
+        const float* m = mt + (i + h) * cols + j;
+        HWY_UNROLL(4)
+        for (size_t c = 0; c < 4; ++c) a[h][c] = hn::MulAdd(xi, hn::LoadU(df, m + c * kL), a[h][c]);
+      }
+    }
+    for (; i < rows; ++i) {
+      const AV xi = hn::Set(df, x[i]);
+      for (size_t c = 0; c < 4; ++c) a[0][c] = hn::MulAdd(xi, hn::LoadU(df, mt + i * cols + j + c * kL), a[0][c]);
+    }
+    for (size_t c = 0; c < 4; ++c) hn::StoreU(hn::Add(a[0][c], a[1][c]), df, y + j + c * kL);
+  }
+  for (; j + kL <= cols; j += kL) {
+    AV a0 = hn::Zero(df);
+    for (size_t i = 0; i < rows; ++i) a0 = hn::MulAdd(hn::Set(df, x[i]), hn::LoadU(df, mt + i * cols + j), a0);
+    hn::StoreU(a0, df, y + j);
+  }
+  for (; j < cols; ++j) {
+    float a = 0.0f;
+    for (size_t i = 0; i < rows; ++i) a += mt[i * cols + j] * x[i];
+    y[j] = a;
+  }
+}
+
 HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   using namespace attnk;  // NOLINT
   const AF df;

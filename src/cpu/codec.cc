@@ -30,8 +30,13 @@ HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(ScoreRowsImpl);
 HWY_EXPORT(TargetNameImpl);
 HWY_EXPORT(AttnRunImpl);
+HWY_EXPORT(MatTVecImpl);
 
 void AttnRun(const attn::Task& task) { HWY_DYNAMIC_DISPATCH(AttnRunImpl)(task); }
+
+void MatTVec(const float* mt, const float* x, size_t rows, size_t cols, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatTVecImpl)(mt, x, rows, cols, y);
+}
 
 const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
 
