@@ -143,14 +143,8 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPre
         for (size_t j = 0; j < plan.dim; ++j) (*tmp)[j] = p->q[gr.channels[j]];
         src = tmp->data();
       }
-      // The rotation as the codec's reference does it; the QJL sketch by the
-      // SIMD kernel (a dense m x dim product a query row: the reference's
-      // scalar loop was 17% of a 256-token turboquant35 decode).
-      ref::Rotate(plan, src, p->qrot.data() + gr.rot_offset);
-      if (plan.qjl_dim > 0) {
-        cpu::MatTVec(plan.qjl_t, p->qrot.data() + gr.rot_offset, plan.dim, plan.qjl_dim,
-                     p->qsk.data() + gr.sketch_offset);
-      }
+      cpu::PrepareQuery(plan, src, p->qrot.data() + gr.rot_offset,
+                        plan.qjl_dim ? p->qsk.data() + gr.sketch_offset : nullptr);
     }
     if (kc->fast_mse) {  // the fast key kernel reads the query permuted (AccumMseFast's layout)
       const CodecPlan& plan = *kc->groups[0].plan;
@@ -186,11 +180,14 @@ void FinishRotated(const Comp& vc, const float* accr, float* out, std::vector<fl
     }
     accr = natural.data();
   }
+  // The inverse rotation clobbers its input: a copy of the group's sums.
+  std::vector<float> work;
   for (int g = 0; g < vc.num_groups; ++g) {
     const attn::Group& gr = vc.groups[g];
     const CodecPlan& plan = *gr.plan;
     tmp->resize(plan.dim);
-    ref::RotateInverse(plan, accr + gr.rot_offset, tmp->data());
+    work.assign(accr + gr.rot_offset, accr + gr.rot_offset + plan.dim);
+    cpu::RotateInverse(plan, work.data(), tmp->data());
     if (gr.channels) {
       for (size_t j = 0; j < plan.dim; ++j) out[gr.channels[j]] += (*tmp)[j];
     } else {

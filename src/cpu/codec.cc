@@ -30,12 +30,17 @@ HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(ScoreRowsImpl);
 HWY_EXPORT(TargetNameImpl);
 HWY_EXPORT(AttnRunImpl);
-HWY_EXPORT(MatTVecImpl);
+HWY_EXPORT(PrepareQueryImpl);
+HWY_EXPORT(RotateInverseImpl);
 
 void AttnRun(const attn::Task& task) { HWY_DYNAMIC_DISPATCH(AttnRunImpl)(task); }
 
-void MatTVec(const float* mt, const float* x, size_t rows, size_t cols, float* y) {
-  HWY_DYNAMIC_DISPATCH(MatTVecImpl)(mt, x, rows, cols, y);
+void PrepareQuery(const CodecPlan& plan, const float* q, float* q_rot, float* q_sketch) {
+  HWY_DYNAMIC_DISPATCH(PrepareQueryImpl)(plan, q, q_rot, q_sketch);
+}
+
+void RotateInverse(const CodecPlan& plan, float* y, float* x) {
+  HWY_DYNAMIC_DISPATCH(RotateInverseImpl)(plan, y, x);
 }
 
 const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }

@@ -24,9 +24,10 @@ namespace tq::cpu {
 void AttnRun(const attn::Task& task);
 // Name of the attention kernel family the dispatcher picks now.
 const char* AttnKernelName();
-// y = M^T x, mt = M^T row-major [rows][cols], fp32 fused multiply-adds (the
-// attention driver's query sketches; not bit-equal to ref::MatTVec).
-void MatTVec(const float* mt, const float* x, size_t rows, size_t cols, float* y);
+// ref::PrepareQuery and ref::RotateInverse with the SIMD kernels (the same
+// results bit for bit); RotateInverse clobbers y.
+void PrepareQuery(const CodecPlan& plan, const float* q, float* q_rot, float* q_sketch);
+void RotateInverse(const CodecPlan& plan, float* y, float* x);
 
 // Highway targets compiled into this build and supported by this CPU, best
 // first (hwy target bits). For tests that run every target.
