@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -140,8 +141,23 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     caches.push_back(std::move(*c));
   }
   // Dense fp16, head-major, per sequence.
-  std::vector<std::vector<uint16_t>> dk(B, std::vector<uint16_t>(H * C * d)),
-      dv(B, std::vector<uint16_t>(H * C * d));
+  // Cache-line aligned, as the cache's own buffers and any engine's tensors
+  // are (a vector's large blocks sit at 16 mod 64: split loads).
+  struct FreeDeleter {
+    void operator()(uint16_t* p) const { std::free(p); }
+  };
+  using Plane = std::unique_ptr<uint16_t[], FreeDeleter>;
+  auto plane = [&]() {
+    const size_t bytes = (H * C * d * sizeof(uint16_t) + 63) / 64 * 64;
+    Plane p(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)));
+    if (!p) Fail(InternalError("bench attention: out of memory for the dense K/V"));
+    return p;
+  };
+  std::vector<Plane> dk(B), dv(B);
+  for (size_t b = 0; b < B; ++b) {
+    dk[b] = plane();
+    dv[b] = plane();
+  }
   std::vector<std::vector<float>> bias(B);
   const size_t step = 1024;
   std::vector<float> k(step * H * d), v(step * H * d);
@@ -179,7 +195,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
 
   std::vector<DenseKVView> dense(B);
   for (size_t b = 0; b < B; ++b) {
-    dense[b] = {.k = dk[b].data(), .v = dv[b].data(), .dtype = DenseDtype::kF16, .tokens = C,
+    dense[b] = {.k = dk[b].get(), .v = dv[b].get(), .dtype = DenseDtype::kF16, .tokens = C,
                 .num_kv_heads = H, .head_dim = d, .token_stride = d, .head_stride = C * d};
   }
   // Queries: 0.6 x (an earlier key - bias) + N(0,1), as in the quality source.

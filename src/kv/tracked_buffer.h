@@ -16,6 +16,7 @@ namespace tq {
 
 class TrackedBuffer {
  public:
+  static constexpr size_t kAlign = 64;
   TrackedBuffer() = default;
   explicit TrackedBuffer(size_t* counter) : counter_(counter) {}
   TrackedBuffer(const TrackedBuffer&) = delete;
@@ -48,7 +49,10 @@ class TrackedBuffer {
     // Grow by 1/4: appends stay amortized O(1) while unused capacity (the
     // ledger's "slack") stays under 20% of the buffer.
     const size_t cap = exact ? n : std::max(n, capacity_ + capacity_ / 4 + 64);
-    uint8_t* p = static_cast<uint8_t*>(std::malloc(cap));
+    // Cache-line aligned: rows whose stride is a multiple of 64 bytes (fp16
+    // and int8 rows at d >= 32) then never straddle two lines (malloc gives
+    // 16 mod 64 for large blocks: every 64-byte load of such a row split).
+    uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(kAlign, (cap + kAlign - 1) / kAlign * kAlign));
     if (p == nullptr) throw std::bad_alloc();
     if (size_) std::memcpy(p, data_, size_);
     std::free(data_);
