@@ -1811,15 +1811,41 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
   }
   HWY_ALIGN int16_t w16[NR][8][kTile + kL];
   float fac[NR][8], zsum[NR][8];
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_values = true;
-    HWY_ALIGN float wr[kTile + kL];
-    PadWeights(w[r], n, wr);
+  // The int16 weights of row r and group g, u_t = round(w_t s_t wmax / B),
+  // are scaled against the bound B = max_t w_t x max_t |s_t| (>= every
+  // |w_t s_t|): one max a row and one a group, not one a (row, group) pair
+  // as TileWeights16 takes (that pass was a sixth of this kernel's work at
+  // 4 rows and 4 groups). The products lose only the bits by which the
+  // tile's largest weight and largest scale miss each other, and a group's
+  // scales vary little between tokens. The zeros' share sums in the same pass.
+  {
+    const hn::Rebind<int16_t, AF> dh;
+    float smax[8];
     for (size_t g = 0; g < ng; ++g) {
-      AV zv = hn::Zero(df);
-      for (size_t u = 0; u < n; u += kL) zv = hn::MulAdd(hn::Load(df, wr + u), hn::Load(df, zg[g] + u), zv);
-      zsum[r][g] = hn::GetLane(hn::SumOfLanes(df, zv));
-      fac[r][g] = TileWeights16(wr, sg[g], n, kAsymWmax, w16[r][g]) / static_cast<float>(kAsymWmax);
+      AV m = hn::Zero(df);
+      for (size_t u = 0; u < n; u += kL) m = hn::Max(m, hn::Abs(hn::Load(df, sg[g] + u)));
+      smax[g] = hn::GetLane(hn::MaxOfLanes(df, m));
+    }
+    for (size_t r = 0; r < NR; ++r) {
+      rs[r]->int_values = true;
+      HWY_ALIGN float wr[kTile + kL];
+      PadWeights(w[r], n, wr);
+      AV m = hn::Zero(df);
+      for (size_t u = 0; u < n; u += kL) m = hn::Max(m, hn::Load(df, wr + u));
+      const float wm = hn::GetLane(hn::MaxOfLanes(df, m));
+      for (size_t g = 0; g < ng; ++g) {
+        const float bound = wm * smax[g];
+        const AV f = hn::Set(df, bound > 0.0f ? static_cast<float>(kAsymWmax) / bound : 0.0f);
+        AV zv = hn::Zero(df);
+        for (size_t u = 0; u < n + 1; u += kL) {
+          const AV wv = hn::Load(df, wr + u);
+          zv = hn::MulAdd(wv, hn::Load(df, zg[g] + u), zv);
+          hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Mul(wv, hn::Load(df, sg[g] + u)), f))), dh,
+                    w16[r][g] + u);
+        }
+        zsum[r][g] = hn::GetLane(hn::SumOfLanes(df, zv));
+        fac[r][g] = bound / static_cast<float>(kAsymWmax);
+      }
     }
   }
   // Byte permute of the 4- and 2-bit kernels: int32 lane i gets byte i of
