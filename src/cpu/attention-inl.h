@@ -246,6 +246,7 @@ struct I16Book {
   // above the code need no mask).
   HWY_ALIGN uint8_t lo64[64];
   HWY_ALIGN uint8_t hi64[64];
+  HWY_ALIGN int16_t t16[32];  // the int16 centroids repeated every 2^bits entries (vpermw table)
 };
 
 struct GKeys {
@@ -952,6 +953,7 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     z->lo64[i] = z->lo[i % n];
     z->hi64[i] = z->hi[i % n];
   }
+  for (size_t i = 0; i < 32; ++i) z->t16[i] = static_cast<int16_t>(z->lo64[i] | (z->hi64[i] << 8));
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
   z->vnni = vnni;
 #endif
@@ -1539,6 +1541,62 @@ HWY_INLINE void StoreScores16(const Token& token, size_t n, const float* fac, co
 // token's NR int32 partial-sum vectors are reduced by in-lane unpacks with
 // the next token's (pairs, then quads), the four quads of 16 tokens by two
 // block shuffles, and the 16 sums of a row are converted and scaled once.
+// Code expansion of the fixed-shape kernels for 2- and 3-bit codes, as
+// int16 lanes: lane w of vector v gets the two code bytes of its coordinate
+// (idx: one vpermb, or a two-source one for a pair of value rows), a
+// per-lane shift (sh) puts the code in bits 0..BITS-1, and one vpermw reads
+// the int16 centroid from I16Book::t16, which repeats every 2^BITS entries
+// (the bits above the code select a copy). This replaced vpermb +
+// vpmultishiftqb to index bytes, then byte tables and interleaves: on the
+// Zen 4 VM vpmultishiftqb issues on the same pipe as vpdpwssd (the two
+// together run at one a cycle) while vpsrlvw runs beside it. The words
+// depend on the shape only and are built once.
+template <size_t NV>
+struct WordLut {
+  HWY_ALIGN int16_t idx[NV][32];
+  HWY_ALIGN int16_t sh[NV][32];
+};
+// Keys: vector v = 2 c + h holds the coordinates I16KeyCoord(false, v, .).
+template <int BITS, size_t NCH>
+const WordLut<2 * NCH>& KeyWordLut() {
+  using S = FixedShape<BITS>;
+  static const WordLut<2 * NCH> t = [] {
+    WordLut<2 * NCH> r;
+    for (size_t v = 0; v < 2 * NCH; ++v) {
+      const size_t c = v / 2;
+      for (size_t w = 0; w < 32; ++w) {
+        const size_t bit = static_cast<size_t>(BITS) * (I16KeyCoord(false, v, w) - kN8 * c);
+        const size_t byte = S::kCB * (c % S::kCPL) + bit / 8;
+        r.idx[v][w] = static_cast<int16_t>(byte | ((byte + 1) << 8));
+        r.sh[v][w] = static_cast<int16_t>(bit % 8);
+      }
+    }
+    return r;
+  }();
+  return t;
+}
+// Values, a pair of rows a (bytes 0..63 of the permute) and b (64..127):
+// vector 4 p + u of pass p holds coordinate I16ValCoord(false, 4 p + u, j)
+// of row a in int16 lane 2 j and of row b in lane 2 j + 1.
+template <int BITS, size_t NPASS>
+const WordLut<4 * NPASS>& ValWordLut() {
+  using S = FixedShape<BITS>;
+  static const WordLut<4 * NPASS> t = [] {
+    WordLut<4 * NPASS> r;
+    for (size_t v = 0; v < 4 * NPASS; ++v) {
+      const size_t ps = v / 4;
+      for (size_t w = 0; w < 32; ++w) {
+        const size_t bit = static_cast<size_t>(BITS) * (I16ValCoord(false, v, w / 2) - kN8 * ps);
+        const size_t byte = S::kCB * (ps % S::kCPL) + bit / 8 + (w % 2 ? 64 : 0);
+        r.idx[v][w] = static_cast<int16_t>(byte | ((byte + 1) << 8));
+        r.sh[v][w] = static_cast<int16_t>(bit % 8);
+      }
+    }
+    return r;
+  }();
+  return t;
+}
+
 template <int BITS, size_t NCH, size_t NR>
 HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
                                 attn::Row* const* rs, const float* koff, float* const* lg,
@@ -1557,11 +1615,9 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   __mmask64 lm[NL];
   FixedMasks<BITS, NL>(plan.index_bytes, lm);
   const __m512i tlo = _mm512_load_si512(z.lo64), thi = _mm512_load_si512(z.hi64);
-  __m512i perm[S::kCPL];
-  for (size_t k = 0; k < S::kCPL; ++k) {
-    perm[k] = _mm512_add_epi8(_mm512_load_si512(z.perm), _mm512_set1_epi8(static_cast<char>(S::kCB * k)));
-  }
-  const __m512i ctrl = _mm512_load_si512(z.ctrl);
+  // 2- and 3-bit codes: KeyWordLut.
+  const WordLut<2 * NCH>* wl = S::kNib ? nullptr : &KeyWordLut<BITS, NCH>();
+  const __m512i t16 = _mm512_load_si512(z.t16);
   const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   const size_t vbytes = ctx.task->vc ? ctx.task->vc->payload_bytes : 0;
 
@@ -1596,9 +1652,16 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
           acc[r] = Dpwssd(acc[r], c3, _mm512_loadu_si512(qv + 3 * kN16));
         }
       } else {
-        const __m512i g = _mm512_permutexvar_epi8(perm[c % S::kCPL], x[c / S::kCPL]);
         __m512i c0, c1;
-        Cent16Fixed(tlo, thi, _mm512_multishift_epi64_epi8(ctrl, g), &c0, &c1);
+        const __m512i xs = x[c / S::kCPL];
+        c0 = _mm512_permutexvar_epi16(
+            _mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_load_si512(wl->idx[2 * c]), xs),
+                              _mm512_load_si512(wl->sh[2 * c])),
+            t16);
+        c1 = _mm512_permutexvar_epi16(
+            _mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_load_si512(wl->idx[2 * c + 1]), xs),
+                              _mm512_load_si512(wl->sh[2 * c + 1])),
+            t16);
         HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) {
           const int16_t* qv = q[r] + 2 * c * kN16;
@@ -1645,12 +1708,12 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
   __mmask64 lm[NL];
   FixedMasks<BITS, NL>(z.nbytes, lm);
   const __m512i tlo = _mm512_load_si512(z.lo64), thi = _mm512_load_si512(z.hi64);
-  const __m512i ctrl = _mm512_load_si512(z.ctrl);
+  // 2- and 3-bit codes: ValWordLut.
+  const WordLut<4 * NPASS>* wl = S::kNib ? nullptr : &ValWordLut<BITS, NPASS>();
+  const __m512i t16 = _mm512_load_si512(z.t16);
   HWY_UNROLL(1)
   for (size_t pass = 0; pass < NPASS; ++pass) {
     const size_t l = S::kNib ? pass / 2 : pass / S::kCPL;
-    const __m512i perm = _mm512_add_epi8(
-        _mm512_load_si512(z.perm), _mm512_set1_epi8(static_cast<char>(S::kCB * (pass % S::kCPL))));
     const __mmask64 m = lm[l];
     const size_t off = l * S::kLB;
     // Named accumulators (GCC keeps a 2-D array of them partly on the stack
@@ -1668,10 +1731,16 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
         Cent16Fixed(tlo, thi, r8, &c0, &c1);
         Cent16Fixed(tlo, thi, _mm512_srli_epi16(r8, 4), &c2, &c3);
       } else {
-        const __m512i ia = _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(perm, xa));
-        const __m512i ib = _mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(perm, xb));
-        Cent16Fixed(tlo, thi, _mm512_unpacklo_epi8(ia, ib), &c0, &c1);
-        Cent16Fixed(tlo, thi, _mm512_unpackhi_epi8(ia, ib), &c2, &c3);
+        auto word = [&](size_t u) __attribute__((always_inline)) {
+          return _mm512_permutexvar_epi16(
+              _mm512_srlv_epi16(_mm512_permutex2var_epi8(xa, _mm512_load_si512(wl->idx[4 * pass + u]), xb),
+                                _mm512_load_si512(wl->sh[4 * pass + u])),
+              t16);
+        };
+        c0 = word(0);
+        c1 = word(1);
+        c2 = word(2);
+        c3 = word(3);
       }
 #define TQ_VROW(R)                                                          \
   if constexpr (NR > R) {                                                   \
