@@ -31,6 +31,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <hwy/contrib/math/math-inl.h>
@@ -1556,23 +1557,30 @@ struct WordLut {
   HWY_ALIGN int16_t idx[NV][32];
   HWY_ALIGN int16_t sh[NV][32];
 };
+// The words of NV vectors: place(v, w) gives lane w of vector v as {the
+// bit offset of its code in the vector's bytes, where its bytes start}.
+template <size_t NV, class Place>
+WordLut<NV> MakeWordLut(const Place& place) {
+  WordLut<NV> r;
+  for (size_t v = 0; v < NV; ++v) {
+    for (size_t w = 0; w < 32; ++w) {
+      const auto [bit, base] = place(v, w);
+      const size_t byte = base + bit / 8;
+      r.idx[v][w] = static_cast<int16_t>(byte | ((byte + 1) << 8));
+      r.sh[v][w] = static_cast<int16_t>(bit % 8);
+    }
+  }
+  return r;
+}
 // Keys: vector v = 2 c + h holds the coordinates I16KeyCoord(false, v, .).
 template <int BITS, size_t NCH>
 const WordLut<2 * NCH>& KeyWordLut() {
   using S = FixedShape<BITS>;
-  static const WordLut<2 * NCH> t = [] {
-    WordLut<2 * NCH> r;
-    for (size_t v = 0; v < 2 * NCH; ++v) {
-      const size_t c = v / 2;
-      for (size_t w = 0; w < 32; ++w) {
-        const size_t bit = static_cast<size_t>(BITS) * (I16KeyCoord(false, v, w) - kN8 * c);
-        const size_t byte = S::kCB * (c % S::kCPL) + bit / 8;
-        r.idx[v][w] = static_cast<int16_t>(byte | ((byte + 1) << 8));
-        r.sh[v][w] = static_cast<int16_t>(bit % 8);
-      }
-    }
-    return r;
-  }();
+  static const WordLut<2 * NCH> t = MakeWordLut<2 * NCH>([](size_t v, size_t w) {
+    const size_t c = v / 2;
+    return std::pair<size_t, size_t>(static_cast<size_t>(BITS) * (I16KeyCoord(false, v, w) - kN8 * c),
+                                     S::kCB * (c % S::kCPL));
+  });
   return t;
 }
 // Values, the chunk of pass p of a pair of rows, a at bytes 0.. and b at
@@ -1581,20 +1589,10 @@ const WordLut<2 * NCH>& KeyWordLut() {
 // lane 2 j + 1.
 template <int BITS, size_t NPASS>
 const WordLut<4 * NPASS>& ValWordLut() {
-  using S = FixedShape<BITS>;
-  static const WordLut<4 * NPASS> t = [] {
-    WordLut<4 * NPASS> r;
-    for (size_t v = 0; v < 4 * NPASS; ++v) {
-      const size_t ps = v / 4;
-      for (size_t w = 0; w < 32; ++w) {
-        const size_t bit = static_cast<size_t>(BITS) * (I16ValCoord(false, v, w / 2) - kN8 * ps);
-        const size_t byte = bit / 8 + (w % 2 ? 32 : 0);
-        r.idx[v][w] = static_cast<int16_t>(byte | ((byte + 1) << 8));
-        r.sh[v][w] = static_cast<int16_t>(bit % 8);
-      }
-    }
-    return r;
-  }();
+  static const WordLut<4 * NPASS> t = MakeWordLut<4 * NPASS>([](size_t v, size_t w) {
+    return std::pair<size_t, size_t>(static_cast<size_t>(BITS) * (I16ValCoord(false, v, w / 2) - kN8 * (v / 4)),
+                                     w % 2 ? 32 : 0);
+  });
   return t;
 }
 
