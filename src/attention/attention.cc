@@ -165,8 +165,9 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPre
   }
 }
 
-// Adds the rotated value sum of a row, rotated back, into out.
-void FinishRotated(const Comp& vc, const float* accr, float* out, std::vector<float>* tmp) {
+// Adds the rotated value sum of a row, rotated back, into out. accr is the
+// caller's scratch: the inverse rotation clobbers it.
+void FinishRotated(const Comp& vc, float* accr, float* out, std::vector<float>* tmp) {
   std::vector<float> natural;
   if (vc.fast_mse) {  // undo the kernel's permutation (src/cpu/attention-inl.h, AccumMseFast)
     const CodecPlan& plan = *vc.groups[0].plan;
@@ -180,14 +181,11 @@ void FinishRotated(const Comp& vc, const float* accr, float* out, std::vector<fl
     }
     accr = natural.data();
   }
-  // The inverse rotation clobbers its input: a copy of the group's sums.
-  std::vector<float> work;
   for (int g = 0; g < vc.num_groups; ++g) {
     const attn::Group& gr = vc.groups[g];
     const CodecPlan& plan = *gr.plan;
     tmp->resize(plan.dim);
-    work.assign(accr + gr.rot_offset, accr + gr.rot_offset + plan.dim);
-    cpu::RotateInverse(plan, work.data(), tmp->data());
+    cpu::RotateInverse(plan, accr + gr.rot_offset, tmp->data());
     if (gr.channels) {
       for (size_t j = 0; j < plan.dim; ++j) out[gr.channels[j]] += (*tmp)[j];
     } else {

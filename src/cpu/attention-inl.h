@@ -1418,6 +1418,18 @@ HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i x, __m512i y) {
   return acc;
 }
 
+// acc[r] += k[i] . q[r] + off + 32 i (pairwise int16 products) for every
+// row r < NR and vector i < NK: the key kernels' products of a token's
+// expanded codes with the rows' int16 queries.
+template <size_t NR, size_t NK>
+HWY_INLINE void DotRows(__m512i* acc, const __m512i (&k)[NK], const int16_t* const* q, size_t off) {
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    HWY_UNROLL(4)
+    for (size_t i = 0; i < NK; ++i) acc[r] = Dpwssd(acc[r], k[i], _mm512_loadu_si512(q[r] + off + 32 * i));
+  }
+}
+
 // Masks of the NL loads of a row of nbytes code bytes.
 template <int BITS, size_t NL>
 HWY_INLINE void FixedMasks(size_t nbytes, __mmask64* m) {
@@ -1557,6 +1569,13 @@ struct WordLut {
   HWY_ALIGN int16_t idx[NV][32];
   HWY_ALIGN int16_t sh[NV][32];
 };
+// The int16 centroids of vector v's lanes from the code bytes in xs.
+template <size_t NV>
+HWY_INLINE __m512i ExpandWords(const WordLut<NV>& wl, size_t v, __m512i xs, __m512i t16) {
+  return _mm512_permutexvar_epi16(
+      _mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_load_si512(wl.idx[v]), xs), _mm512_load_si512(wl.sh[v])),
+      t16);
+}
 // The words of NV vectors: place(v, w) gives lane w of vector v as {the
 // bit offset of its code in the vector's bytes, where its bytes start}.
 template <size_t NV, class Place>
@@ -1642,31 +1661,11 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
         __m512i c0, c1, c2, c3;
         Cent16Fixed(tlo, thi, x[c], &c0, &c1);
         Cent16Fixed(tlo, thi, _mm512_srli_epi16(x[c], 4), &c2, &c3);
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          const int16_t* qv = q[r] + 4 * c * kN16;
-          acc[r] = Dpwssd(acc[r], c0, _mm512_loadu_si512(qv));
-          acc[r] = Dpwssd(acc[r], c1, _mm512_loadu_si512(qv + kN16));
-          acc[r] = Dpwssd(acc[r], c2, _mm512_loadu_si512(qv + 2 * kN16));
-          acc[r] = Dpwssd(acc[r], c3, _mm512_loadu_si512(qv + 3 * kN16));
-        }
+        DotRows<NR>(acc, {c0, c1, c2, c3}, q, 4 * c * kN16);
       } else {
-        __m512i c0, c1;
         const __m512i xs = x[c / S::kCPL];
-        c0 = _mm512_permutexvar_epi16(
-            _mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_load_si512(wl->idx[2 * c]), xs),
-                              _mm512_load_si512(wl->sh[2 * c])),
-            t16);
-        c1 = _mm512_permutexvar_epi16(
-            _mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_load_si512(wl->idx[2 * c + 1]), xs),
-                              _mm512_load_si512(wl->sh[2 * c + 1])),
-            t16);
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          const int16_t* qv = q[r] + 2 * c * kN16;
-          acc[r] = Dpwssd(acc[r], c0, _mm512_loadu_si512(qv));
-          acc[r] = Dpwssd(acc[r], c1, _mm512_loadu_si512(qv + kN16));
-        }
+        DotRows<NR>(acc, {ExpandWords(*wl, 2 * c, xs, t16), ExpandWords(*wl, 2 * c + 1, xs, t16)}, q,
+                    2 * c * kN16);
       }
     }
   };
@@ -1737,16 +1736,10 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
         // vpdpwssd on the Zen 4).
         __m512i x2 = _mm512_maskz_loadu_epi8(kChunkA, rows[2 * p] + S::kCB * pass);
         x2 = _mm512_mask_loadu_epi8(x2, kChunkB, rows[2 * p + 1] + S::kCB * pass - 32);
-        auto word = [&](size_t u) __attribute__((always_inline)) {
-          return _mm512_permutexvar_epi16(
-              _mm512_srlv_epi16(_mm512_permutexvar_epi8(_mm512_load_si512(wl->idx[4 * pass + u]), x2),
-                                _mm512_load_si512(wl->sh[4 * pass + u])),
-              t16);
-        };
-        c0 = word(0);
-        c1 = word(1);
-        c2 = word(2);
-        c3 = word(3);
+        c0 = ExpandWords(*wl, 4 * pass, x2, t16);
+        c1 = ExpandWords(*wl, 4 * pass + 1, x2, t16);
+        c2 = ExpandWords(*wl, 4 * pass + 2, x2, t16);
+        c3 = ExpandWords(*wl, 4 * pass + 3, x2, t16);
       }
 #define TQ_VROW(R)                                                          \
   if constexpr (NR > R) {                                                   \
@@ -2269,12 +2262,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
         const __m512i sc = _mm512_shuffle_epi8(rv, sel[l][0]);
         const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, x), sc);
         const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, x), sc);
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          const int16_t* qv = q[r] + 2 * l * 32;
-          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
-          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
-        }
+        DotRows<NR>(acc, {k0, k1}, q, 2 * l * 32);
       } else {
         // Two vectors of centered code bytes (p0, p1) and the ratios of their
         // unpack halves (s0, s1).
@@ -2296,14 +2284,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
         const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p0), s1);
         const __m512i k2 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(zero, p1), s0);
         const __m512i k3 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(zero, p1), s1);
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          const int16_t* qv = q[r] + 4 * l * 32;
-          acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
-          acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
-          acc[r] = Dpwssd(acc[r], k2, _mm512_loadu_si512(qv + 64));
-          acc[r] = Dpwssd(acc[r], k3, _mm512_loadu_si512(qv + 96));
-        }
+        DotRows<NR>(acc, {k0, k1, k2, k3}, q, 4 * l * 32);
       }
     }
   };
@@ -2621,12 +2602,7 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
       const __m512i sc = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->rsel[e]));
       const __m512i k0 = _mm512_mulhrs_epi16(_mm512_unpacklo_epi8(lo, hi), sc);
       const __m512i k1 = _mm512_mulhrs_epi16(_mm512_unpackhi_epi8(lo, hi), sc);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) {
-        const int16_t* qv = q[r] + 2 * e * 32;
-        acc[r] = Dpwssd(acc[r], k0, _mm512_loadu_si512(qv));
-        acc[r] = Dpwssd(acc[r], k1, _mm512_loadu_si512(qv + 32));
-      }
+      DotRows<NR>(acc, {k0, k1}, q, 2 * e * 32);
     }
     const __m512i vp0 = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->vsel[0]));
     const __m512i vn0 = _mm512_shuffle_epi8(rv, _mm512_load_si512(kb->vsel[1]));
