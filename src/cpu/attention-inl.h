@@ -424,7 +424,7 @@ struct AScratch {
   std::vector<float> tmp;
   std::vector<int16_t> q16;   // integer kernels: per task row, the int16 query (ScoreMse16 order)
   std::vector<float> qinv;    // per task row: 1 / (query scale * centroid scale)
-  std::vector<int32_t> qtok;  // 3-bit keys, d 128: per task row, the int16 query pairs (ScoreTok3 order)
+  std::vector<int32_t> qtok;  // 2/3-bit keys, d 128: per task row, the int16 query pairs (ScoreTok order)
   std::vector<float> qtokinv; // ... and 1 / (query scale * centroid scale)
   std::vector<int16_t> qs16;  // prod keys: per task row, the int16 QJL sketch (natural order)
   std::vector<float> qsinv;   // prod keys: per task row, 1 / sketch scale
@@ -1715,26 +1715,29 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   (void)df;
 }
 
-// 3-bit keys at head_dim 128 with tokens in lanes (ScoreTok3): a block of
-// 16 tokens' code rows (48 bytes, 12 words each) is transposed once so that
-// lane i of word vector D[w] holds word w of token i's row; each int32 lane
-// then receives a pair of int16 centroids of its own token (codes x and y of
-// the pair table below) and vpdpwssd adds the pair's two products with the
-// query's (q_x, q_y), broadcast from memory. A row's 64 pairs go to 4
-// accumulators, so the 16 scores of a block come out in lanes without the
+// 2- and 3-bit keys at head_dim 128 with tokens in lanes (ScoreTok): a
+// block of 16 tokens' code rows (NW = 4 BITS words each) is transposed once
+// so that lane i of word vector D[w] holds word w of token i's row; each
+// int32 lane then receives a pair of int16 centroids of its own token
+// (codes x and y, TokPair) and vpdpwssd adds the pair's two products with
+// the query's (q_x, q_y), broadcast from memory. A row's 64 pairs go to 4
+// accumulators, so the 16 scores of a block come out in lanes, without the
 // per-token horizontal sums of ScoreI16Fixed (about half of its vector
-// instructions). A triple of words (codes 32 m .. 32 m + 31) gives 16 pairs:
-// 13 from one word (a code in each 16-bit half, vpsrlvw by per-half counts,
-// one vpermw of the centroid table that repeats every 8 entries) and 3 from
-// windows across words (vpshrdd, and a blend for the pair (5, 31)). An int32
-// lane sums 32 products: |q| <= 2^31 / (32 kcmax) (TokQmax).
+// instructions). Pairs take a code from each 16-bit half of a word and one
+// vpermw of the centroid table (which repeats every 2^BITS entries, so the
+// bits above a code need no mask): 2 bits, pair i of word w = codes i of
+// both halves (one vpsrlw by 2 i); 3 bits, a triple of words (codes
+// 32 m .. 32 m + 31) gives 13 pairs from single words (vpsrlvw by per-half
+// counts) and 3 from windows across words (vpshrdd; a blend for the pair
+// (5, 31)). An int32 lane sums 32 products: |q| <= 2^31 / (32 kcmax)
+// (TokQmax).
 struct Tok3Pair {
   uint8_t x, y;  // code indices within the triple (low and high int16 half)
 };
 constexpr Tok3Pair kTok3Pairs[16] = {{0, 6},   {1, 7},   {2, 8},   {3, 9},   {11, 16}, {12, 17},
                                      {13, 18}, {14, 19}, {15, 20}, {22, 27}, {23, 28}, {24, 29},
                                      {25, 30}, {4, 10},  {21, 26}, {5, 31}};
-// Per-half right shifts (low, high) of pairs 0..14 (pair 15 is blended).
+// Per-half right shifts (low, high) of 3-bit pairs 0..14 (pair 15 is blended).
 constexpr uint8_t kTok3Shift[15][2] = {{0, 2},  {3, 5}, {6, 8},  {9, 11}, {1, 0},
                                        {4, 3},  {7, 6}, {10, 9}, {13, 12}, {2, 1},
                                        {5, 4},  {8, 7}, {11, 10}, {0, 2},  {1, 0}};
@@ -1751,16 +1754,27 @@ inline const Tok3Counts& Tok3CountVectors() {
   }();
   return t;
 }
-// The token-lane kernel applies to one-block 3-bit MSE codes at d = 128.
-inline bool Tok3Ok(const I16Book& z, size_t d) {
-  return z.on && z.vnni && !z.asym && z.bits == 3 && d == 128 && z.nbytes == 48;
+// Codes (x, y) of pair p (kernel order) of a BITS-bit row.
+inline std::pair<size_t, size_t> TokPair(int bits, size_t p) {
+  if (bits == 3) return {32 * (p / 16) + kTok3Pairs[p % 16].x, 32 * (p / 16) + kTok3Pairs[p % 16].y};
+  const size_t per = 16 / static_cast<size_t>(bits);  // pairs (codes a half) of a word
+  const size_t x = (p / per) * 2 * per + p % per;
+  return {x, x + per};
+}
+// The token-lane kernel applies to one-block 2- and 3-bit MSE codes at
+// d = 128. (4-bit rows, 16 words, measured slower this way than through
+// ScoreI16Fixed's nibble tables: k4_v4 at 4K, one thread, 0.685 -> 0.745 ms
+// best of six alternations.)
+inline bool TokOk(const I16Book& z, size_t d) {
+  return z.on && z.vnni && !z.asym && z.bits >= 2 && z.bits <= 3 && d == 128 &&
+         z.nbytes == 16 * static_cast<size_t>(z.bits);
 }
 inline long TokQmax(const I16Book& z) {
   return std::min<long>(16383, 2147483647L / (32L * KeyCmax(z.nvec_k)));
 }
-// Int32 query pairs of every task row (kernel order: triple m, pair j at
-// 16 m + j; low half the query of code 32 m + x, high half of 32 m + y).
-inline void PrepareQTok3(const attn::Task& task, const I16Book& z, AScratch& scr) {
+// Int32 query pairs of every task row in kernel order (low half the query
+// of code x, high half of code y).
+inline void PrepareQTok(const attn::Task& task, const I16Book& z, AScratch& scr) {
   const size_t d = task.d;
   const long qmax = TokQmax(z);
   scr.qtok.assign(task.num_rows * 64, 0);
@@ -1774,11 +1788,10 @@ inline void PrepareQTok3(const attn::Task& task, const I16Book& z, AScratch& scr
     if (!(mx > 0.0f)) continue;  // zero query: every score is koff
     const float qs = static_cast<float>(qmax) / mx;
     float* f = scr.tmp.data();
-    for (size_t m = 0; m < 4; ++m) {
-      for (size_t j = 0; j < 16; ++j) {
-        f[2 * (16 * m + j)] = q[FastPos(32 * m + kTok3Pairs[j].x, d)] * qs;
-        f[2 * (16 * m + j) + 1] = q[FastPos(32 * m + kTok3Pairs[j].y, d)] * qs;
-      }
+    for (size_t p = 0; p < 64; ++p) {
+      const auto [x, y] = TokPair(z.bits, p);
+      f[2 * p] = q[FastPos(x, d)] * qs;
+      f[2 * p + 1] = q[FastPos(y, d)] * qs;
     }
     RoundToI16(f, 2 * 64, reinterpret_cast<int16_t*>(scr.qtok.data() + r * 64));
     scr.qtokinv[r] = 1.0f / (qs * z.cscale);
@@ -1792,10 +1805,43 @@ HWY_INLINE __m512i DpwssdB(__m512i acc, __m512i x, const int32_t* base) {
   asm("vpdpwssd %c3(%2)%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "r"(base), "i"(4 * OFF));
   return acc;
 }
-template <size_t NR>
-HWY_NOINLINE void ScoreTok3(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                            attn::Row* const* rs, const float* koff, float* const* lg,
-                            AScratch& scr) {
+// 16 rows of NW (8 or 12) words to NW vectors of 16 lanes (dw[w]).
+template <size_t NW>
+HWY_INLINE void TransposeRows(const __m512i (&R)[16], int32_t (*dw)[16]) {
+  __m512i T[16], U[16];
+  HWY_UNROLL(8)
+  for (size_t i = 0; i < 8; ++i) {
+    T[2 * i] = _mm512_unpacklo_epi32(R[2 * i], R[2 * i + 1]);
+    T[2 * i + 1] = _mm512_unpackhi_epi32(R[2 * i], R[2 * i + 1]);
+  }
+  // U[4 j + e]: word e of each 128-bit block, rows 4 j .. 4 j + 3.
+  HWY_UNROLL(4)
+  for (size_t j = 0; j < 4; ++j) {
+    U[4 * j + 0] = _mm512_unpacklo_epi64(T[4 * j], T[4 * j + 2]);
+    U[4 * j + 1] = _mm512_unpackhi_epi64(T[4 * j], T[4 * j + 2]);
+    U[4 * j + 2] = _mm512_unpacklo_epi64(T[4 * j + 1], T[4 * j + 3]);
+    U[4 * j + 3] = _mm512_unpackhi_epi64(T[4 * j + 1], T[4 * j + 3]);
+  }
+  // Word 4 k + e = block k of U[e], U[4 + e], U[8 + e], U[12 + e].
+  HWY_UNROLL(4)
+  for (size_t e = 0; e < 4; ++e) {
+    const __m512i p01 = _mm512_shuffle_i32x4(U[e], U[4 + e], 0x44);  // blocks 0, 1 of each
+    const __m512i p23 = _mm512_shuffle_i32x4(U[8 + e], U[12 + e], 0x44);
+    _mm512_store_si512(dw[e], _mm512_shuffle_i32x4(p01, p23, 0x88));
+    _mm512_store_si512(dw[4 + e], _mm512_shuffle_i32x4(p01, p23, 0xDD));
+    if constexpr (NW == 12) {
+      const __m512i q01 = _mm512_shuffle_i32x4(U[e], U[4 + e], 0xAA);  // block 2 of each
+      const __m512i q23 = _mm512_shuffle_i32x4(U[8 + e], U[12 + e], 0xAA);
+      _mm512_store_si512(dw[8 + e], _mm512_shuffle_i32x4(q01, q23, 0x88));
+    }
+  }
+}
+template <int BITS, size_t NR>
+HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                           attn::Row* const* rs, const float* koff, float* const* lg,
+                           AScratch& scr) {
+  constexpr size_t NW = 4 * BITS;  // words a row
+  constexpr __mmask16 kRowMask = static_cast<__mmask16>((1u << NW) - 1);
   const attn::Task& task = *ctx.task;
   const CodecPlan& plan = *ctx.kc->groups[0].plan;
   const I16Book& z = ctx.i16;
@@ -1813,19 +1859,18 @@ HWY_NOINLINE void ScoreTok3(const KeyCtx& ctx, const attn::Seg& s, size_t a, siz
   const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   const size_t nvl = (vbytes + 63) / 64;
-  HWY_ALIGN int32_t dw[12][16];
+  HWY_ALIGN int32_t dw[NW][16];
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
-    // Transpose: 16 rows of 12 words to 12 vectors of 16 tokens (rows past
-    // nt repeat the last one; their lanes are not stored).
     {
+      // Rows past nt repeat the last one (their lanes are not stored).
       __m512i R[16];
       const uint8_t* kr = s.k + t0 * s.k_stride;
       const uint8_t* vr = s.v + t0 * s.v_stride;
       const size_t ks = s.k_stride, vs = s.v_stride;
       if (nt == 16) {
         HWY_UNROLL(16)
-        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(0x0FFF, kr + i * ks);
+        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(kRowMask, kr + i * ks);
         // The key stream kDenseAhead rows ahead and this block's value rows.
         HWY_UNROLL(16)
         for (size_t i = 0; i < 16; ++i) hwy::Prefetch(kr + (kDenseAhead + i) * ks);
@@ -1834,70 +1879,73 @@ HWY_NOINLINE void ScoreTok3(const KeyCtx& ctx, const attn::Seg& s, size_t a, siz
           for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
         }
       } else {
-        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(0x0FFF, kr + std::min(i, nt - 1) * ks);
+        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(kRowMask, kr + std::min(i, nt - 1) * ks);
       }
-      __m512i T[16], U[16];
-      HWY_UNROLL(8)
-      for (size_t i = 0; i < 8; ++i) {
-        T[2 * i] = _mm512_unpacklo_epi32(R[2 * i], R[2 * i + 1]);
-        T[2 * i + 1] = _mm512_unpackhi_epi32(R[2 * i], R[2 * i + 1]);
-      }
-      // U[4 j + e]: word e (of each 128-bit block's four) of rows 4 j .. 4 j + 3.
-      HWY_UNROLL(4)
-      for (size_t j = 0; j < 4; ++j) {
-        U[4 * j + 0] = _mm512_unpacklo_epi64(T[4 * j], T[4 * j + 2]);
-        U[4 * j + 1] = _mm512_unpackhi_epi64(T[4 * j], T[4 * j + 2]);
-        U[4 * j + 2] = _mm512_unpacklo_epi64(T[4 * j + 1], T[4 * j + 3]);
-        U[4 * j + 3] = _mm512_unpackhi_epi64(T[4 * j + 1], T[4 * j + 3]);
-      }
-      HWY_UNROLL(4)
-      for (size_t e = 0; e < 4; ++e) {
-        const __m512i p01 = _mm512_shuffle_i32x4(U[e], U[4 + e], 0x44);   // blocks 0,1 of each
-        const __m512i p23 = _mm512_shuffle_i32x4(U[8 + e], U[12 + e], 0x44);
-        const __m512i q01 = _mm512_shuffle_i32x4(U[e], U[4 + e], 0xAA);   // block 2 of each
-        const __m512i q23 = _mm512_shuffle_i32x4(U[8 + e], U[12 + e], 0xAA);
-        _mm512_store_si512(dw[e], _mm512_shuffle_i32x4(p01, p23, 0x88));
-        _mm512_store_si512(dw[4 + e], _mm512_shuffle_i32x4(p01, p23, 0xDD));
-        _mm512_store_si512(dw[8 + e], _mm512_shuffle_i32x4(q01, q23, 0x88));
-      }
+      TransposeRows<NW>(R, dw);
     }
     __m512i acc[NR][4];
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
     }
-    HWY_UNROLL(4)
-    for (size_t m = 0; m < 4; ++m) {
-      const __m512i A = _mm512_load_si512(dw[3 * m]), B = _mm512_load_si512(dw[3 * m + 1]),
-                    C = _mm512_load_si512(dw[3 * m + 2]);
-      auto use = [&](auto J, __m512i idx) __attribute__((always_inline)) {
-        constexpr size_t j = decltype(J)::value;
-        const __m512i c = _mm512_permutexvar_epi16(idx, t16);
-        const int32_t* qm[NR];
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) qm[r] = qp[r] + 16 * m;
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) acc[r][j % 4] = DpwssdB<static_cast<int>(j)>(acc[r][j % 4], c, qm[r]);
+    // Pair P (compile-time) from its index vector.
+    auto use = [&](auto P, __m512i idx) __attribute__((always_inline)) {
+      constexpr size_t p = decltype(P)::value;
+      const __m512i c = _mm512_permutexvar_epi16(idx, t16);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) acc[r][p % 4] = DpwssdB<static_cast<int>(p)>(acc[r][p % 4], c, qp[r]);
+    };
+    using std::integral_constant;
+    if constexpr (BITS == 3) {
+      auto triple = [&](auto M) __attribute__((always_inline)) {
+        constexpr size_t m = decltype(M)::value, o = 16 * m;
+        const __m512i A = _mm512_load_si512(dw[3 * m]), B = _mm512_load_si512(dw[3 * m + 1]),
+                      C = _mm512_load_si512(dw[3 * m + 2]);
+        auto cnt = [&](size_t j) { return _mm512_load_si512(cv.c[j]); };
+        use(integral_constant<size_t, o + 0>(), _mm512_srlv_epi16(A, cnt(0)));
+        use(integral_constant<size_t, o + 1>(), _mm512_srlv_epi16(A, cnt(1)));
+        use(integral_constant<size_t, o + 2>(), _mm512_srlv_epi16(A, cnt(2)));
+        use(integral_constant<size_t, o + 3>(), _mm512_srlv_epi16(A, cnt(3)));
+        use(integral_constant<size_t, o + 4>(), _mm512_srlv_epi16(B, cnt(4)));
+        use(integral_constant<size_t, o + 5>(), _mm512_srlv_epi16(B, cnt(5)));
+        use(integral_constant<size_t, o + 6>(), _mm512_srlv_epi16(B, cnt(6)));
+        use(integral_constant<size_t, o + 7>(), _mm512_srlv_epi16(B, cnt(7)));
+        use(integral_constant<size_t, o + 8>(), _mm512_srlv_epi16(B, cnt(8)));
+        use(integral_constant<size_t, o + 9>(), _mm512_srlv_epi16(C, cnt(9)));
+        use(integral_constant<size_t, o + 10>(), _mm512_srlv_epi16(C, cnt(10)));
+        use(integral_constant<size_t, o + 11>(), _mm512_srlv_epi16(C, cnt(11)));
+        use(integral_constant<size_t, o + 12>(), _mm512_srlv_epi16(C, cnt(12)));
+        use(integral_constant<size_t, o + 13>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(A, B, 12), cnt(13)));
+        use(integral_constant<size_t, o + 14>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(B, C, 30), cnt(14)));
+        use(integral_constant<size_t, o + 15>(),
+            _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_shrdi_epi32(A, B, 15), _mm512_srli_epi32(C, 13)));
       };
-      auto cnt = [&](size_t j) { return _mm512_load_si512(cv.c[j]); };
-      using std::integral_constant;
-      use(integral_constant<size_t, 0>(), _mm512_srlv_epi16(A, cnt(0)));
-      use(integral_constant<size_t, 1>(), _mm512_srlv_epi16(A, cnt(1)));
-      use(integral_constant<size_t, 2>(), _mm512_srlv_epi16(A, cnt(2)));
-      use(integral_constant<size_t, 3>(), _mm512_srlv_epi16(A, cnt(3)));
-      use(integral_constant<size_t, 4>(), _mm512_srlv_epi16(B, cnt(4)));
-      use(integral_constant<size_t, 5>(), _mm512_srlv_epi16(B, cnt(5)));
-      use(integral_constant<size_t, 6>(), _mm512_srlv_epi16(B, cnt(6)));
-      use(integral_constant<size_t, 7>(), _mm512_srlv_epi16(B, cnt(7)));
-      use(integral_constant<size_t, 8>(), _mm512_srlv_epi16(B, cnt(8)));
-      use(integral_constant<size_t, 9>(), _mm512_srlv_epi16(C, cnt(9)));
-      use(integral_constant<size_t, 10>(), _mm512_srlv_epi16(C, cnt(10)));
-      use(integral_constant<size_t, 11>(), _mm512_srlv_epi16(C, cnt(11)));
-      use(integral_constant<size_t, 12>(), _mm512_srlv_epi16(C, cnt(12)));
-      use(integral_constant<size_t, 13>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(A, B, 12), cnt(13)));
-      use(integral_constant<size_t, 14>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(B, C, 30), cnt(14)));
-      use(integral_constant<size_t, 15>(),
-          _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_shrdi_epi32(A, B, 15), _mm512_srli_epi32(C, 13)));
+      triple(integral_constant<size_t, 0>());
+      triple(integral_constant<size_t, 1>());
+      triple(integral_constant<size_t, 2>());
+      triple(integral_constant<size_t, 3>());
+    } else {
+      constexpr size_t per = 16 / BITS;  // pairs a word
+      auto word = [&](auto W) __attribute__((always_inline)) {
+        constexpr size_t w = decltype(W)::value;
+        const __m512i D = _mm512_load_si512(dw[w]);
+        auto pair = [&](auto I) __attribute__((always_inline)) {
+          constexpr size_t i = decltype(I)::value;
+          use(integral_constant<size_t, w * per + i>(), i == 0 ? D : _mm512_srli_epi16(D, i * BITS));
+        };
+        pair(integral_constant<size_t, 0>());
+        pair(integral_constant<size_t, 1>());
+        pair(integral_constant<size_t, 2>());
+        pair(integral_constant<size_t, 3>());
+        if constexpr (per == 8) {  // 2 bits
+          pair(integral_constant<size_t, 4>());
+          pair(integral_constant<size_t, 5>());
+          pair(integral_constant<size_t, 6>());
+          pair(integral_constant<size_t, 7>());
+        }
+      };
+      [&]<size_t... W>(std::index_sequence<W...>) { (word(integral_constant<size_t, W>()), ...); }(
+          std::make_index_sequence<NW>());
     }
     HWY_ALIGN float sc[16] = {};
     if (vec_scales && nt == 16) {
@@ -3267,9 +3315,11 @@ HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = ctx.i16;
   if (!z.vnni || !(z.nib || z.inreg)) return false;
-  if (Tok3Ok(z, ctx.task->d)) {
-    ScoreTok3<NR>(ctx, s, a, b, rs, koff, lg, scr);
-    return true;
+  if (TokOk(z, ctx.task->d)) {
+    switch (z.bits) {
+      case 2: ScoreTok<2, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+      default: ScoreTok<3, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+    }
   }
   switch (z.bits * 16 + static_cast<int>(z.nch)) {
 #define TQ_FIXED_CASE(B, N) \
@@ -4095,7 +4145,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   InitI16(task.vc, d, false, &vctx.i16);
   if (kctx.i16.on) PrepareQ16(task, kctx.i16, scr);
 #if HWY_TARGET == HWY_AVX3_DL
-  if (Tok3Ok(kctx.i16, d)) PrepareQTok3(task, kctx.i16, scr);
+  if (TokOk(kctx.i16, d)) PrepareQTok(task, kctx.i16, scr);
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
   kctx.gk = MakeGKeys(task.kc, d);
