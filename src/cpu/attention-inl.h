@@ -8,7 +8,9 @@
 // decode serves every query head of the group). One-block TurboQuant-MSE
 // keys and values of 2..4 bits, and int-asym values with one group a row,
 // take the integer kernels (ScoreMse16, AccumMse16: int16 centroids, int16
-// queries and tile weights, int32 sums); on AVX3_DL with VNNI so do int8-sym
+// queries and tile weights, int32 sums; on AVX3_DL fixed-shape forms of
+// them, ScoreI16Fixed and AccumI16FixedInner, and for 2/3-bit keys at
+// d = 128 ScoreTok with tokens in lanes); on AVX3_DL with VNNI so do int8-sym
 // and int-asym keys and int-asym values in groups of 32 (ScoreGKeys,
 // AccumAsymG32) and the split recipes' keys and values (ScoreSplit16,
 // AccumSplit16), several scales a row brought to one unit per token; other
