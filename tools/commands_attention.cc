@@ -22,6 +22,7 @@
 #include "tq/attention.h"
 #include "tq/format.h"
 #include "tq/kv_cache.h"
+#include "tq/paged_kv_cache.h"
 #include "tq/metrics.h"
 #include "tq/random.h"
 
@@ -113,6 +114,7 @@ struct BenchArgs {
   std::string plot;
   size_t reps = 10, warmup = 2, chunk = 512;
   size_t sinks = 4, recent = 128;
+  size_t block_size = 0;  // > 0: decode over a PagedKVCache with pages of this many tokens
   uint64_t seed = 1;
 };
 
@@ -134,11 +136,24 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   KVPolicy policy;
   policy.sink_tokens = a.sinks;
   policy.recent_window = a.recent;
+  const bool paged = a.block_size > 0;
   std::vector<KVCache> caches;
+  std::vector<PagedKVCache> pcaches;  // --block-size: one pool per preset, B sequences
   for (const auto& p : presets) {
-    auto c = KVCache::Create({.shape = {1, H, d}, .max_sequences = B, .preset = p, .policy = policy});
-    if (!c.ok()) Fail(c.status());
-    caches.push_back(std::move(*c));
+    if (paged) {
+      const size_t pages = B * ((C + a.block_size - 1) / a.block_size);
+      auto c = PagedKVCache::Create({.shape = {1, H, d}, .block_size = a.block_size, .num_blocks = pages, .preset = p});
+      if (!c.ok()) Fail(c.status());
+      for (size_t b = 0; b < B; ++b) {
+        auto seq = c->AddSequence();
+        if (!seq.ok()) Fail(seq.status());
+      }
+      pcaches.push_back(std::move(*c));
+    } else {
+      auto c = KVCache::Create({.shape = {1, H, d}, .max_sequences = B, .preset = p, .policy = policy});
+      if (!c.ok()) Fail(c.status());
+      caches.push_back(std::move(*c));
+    }
   }
   // Dense fp16, head-major, per sequence.
   // Cache-line aligned, as the cache's own buffers and any engine's tensors
@@ -174,6 +189,12 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
       const std::span<const float> ks(k.data(), n * H * d), vs(v.data(), n * H * d);
       for (auto& c : caches) {
         Status s = c.Append(0, b, ks, vs);
+        if (!s.ok()) Fail(s);
+      }
+      for (auto& c : pcaches) {
+        auto slots = c.ReserveSlots(b, n);
+        if (!slots.ok()) Fail(slots.status());
+        Status s = c.WriteSlots(0, ks, vs, *slots);
         if (!s.ok()) Fail(s);
       }
       for (size_t t = 0; t < n; ++t) {
@@ -239,15 +260,33 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   std::vector<BenchRow> rows;
   for (size_t pi = 0; pi < presets.size(); ++pi) {
     std::vector<KVLayerView> views;
-    for (size_t b = 0; b < B; ++b) {
-      auto view = caches[pi].View(0, b);
-      if (!view.ok()) Fail(view.status());
-      views.push_back(std::move(*view));
+    PagedLayerView pview;
+    std::vector<int32_t> tables, lens(B, static_cast<int32_t>(C));
+    size_t max_blocks = 0;
+    if (paged) {
+      auto v = pcaches[pi].View(0);
+      if (!v.ok()) Fail(v.status());
+      pview = std::move(*v);
+      max_blocks = (C + a.block_size - 1) / a.block_size;
+      for (size_t b = 0; b < B; ++b) {
+        auto t = pcaches[pi].BlockTable(b);
+        if (!t.ok()) Fail(t.status());
+        t->resize(max_blocks, 0);
+        tables.insert(tables.end(), t->begin(), t->end());
+      }
+    } else {
+      for (size_t b = 0; b < B; ++b) {
+        auto view = caches[pi].View(0, b);
+        if (!view.ok()) Fail(view.status());
+        views.push_back(std::move(*view));
+      }
     }
     AttentionReport rep;
     auto run_tq = [&] {
       Status s;
-      if (prefill) {
+      if (paged) {
+        s = PagedDecodeAttention(pview, Hq, tables, max_blocks, lens, q, out_tq, opt, &rep);
+      } else if (prefill) {
         for (size_t b = 0; b < B && s.ok(); ++b) {
           s = PrefillAttention(views[b], Hq, q0, std::span(q).subspan(b * per_seq, per_seq),
                                std::span(out_tq).subspan(b * per_seq, per_seq), opt, &rep);
@@ -265,7 +304,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     r.context = C;
     r.batch = B;
     r.kv_bytes_dense = kv_bytes_dense;
-    r.kv_bytes_tq = caches[pi].Ledger().total();
+    r.kv_bytes_tq = paged ? pcaches[pi].Ledger().total() : caches[pi].Ledger().total();
     r.nmse_vs_dense = NmseOf(out_tq, out_dense);
     rows.push_back(r);
   }
@@ -489,6 +528,10 @@ void RegisterBenchAttention(CLI::App& bench) {
   cmd->add_option("--warmup", a->warmup, "untimed repetitions first")->capture_default_str();
   cmd->add_option("--sinks", a->sinks, "dense sink tokens of the compressed cache")->capture_default_str();
   cmd->add_option("--recent", a->recent, "dense recent window of the compressed cache")->capture_default_str();
+  cmd->add_option("--block-size", a->block_size,
+                  "decode over a paged cache with pages of this many tokens (vLLM-style; 0: the KVCache "
+                  "with --sinks/--recent)")
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "synthetic K/V and query seed")->capture_default_str();
   cmd->add_flag("--json", a->json, "print {\"results\":[...]} (times are medians)");
   cmd->add_option("--plot", a->plot, "write an SVG of speedup vs context, one line per preset");
@@ -513,6 +556,10 @@ void RegisterBenchAttention(CLI::App& bench) {
         }
       }
     }
+    if (a->block_size > 0 && a->mode != "decode") {
+      Fail(InvalidArgumentError("--block-size applies to --mode decode only (paged prefill is not benchmarked)"));
+    }
+    if (a->block_size > 1024) Fail(InvalidArgumentError("--block-size must be 0..1024, got " + std::to_string(a->block_size)));
     const size_t threads = a->threads ? a->threads : std::max(1u, std::thread::hardware_concurrency());
     std::vector<BenchRow> rows;
     for (int c : contexts) {
@@ -534,9 +581,15 @@ void RegisterBenchAttention(CLI::App& bench) {
       std::printf("attention %s: batch %zu, %zu query heads / %zu KV heads, head_dim %zu, %zu thread(s)%s\n",
                   a->mode.c_str(), a->batch, a->q_heads, a->kv_heads, a->head_dim, threads,
                   a->mode == "prefill" ? (", last " + std::to_string(a->chunk) + " queries causal").c_str() : "");
-      std::printf("compressed cache: sinks %zu + recent window %zu dense (f16), the rest compressed; "
-                  "dense baseline: our fp16 kernel, head-major K/V\n",
-                  a->sinks, a->recent);
+      if (a->block_size > 0) {
+        std::printf("compressed cache: paged, %zu tokens a page, every token compressed; "
+                    "dense baseline: our fp16 kernel, head-major K/V\n",
+                    a->block_size);
+      } else {
+        std::printf("compressed cache: sinks %zu + recent window %zu dense (f16), the rest compressed; "
+                    "dense baseline: our fp16 kernel, head-major K/V\n",
+                    a->sinks, a->recent);
+      }
       std::printf("times: best and median of %zu reps (dense and tq alternating) after %zu warm-up; "
                   "speedup = dense median / tq median\n",
                   a->reps, a->warmup);
