@@ -426,7 +426,7 @@ struct AScratch {
   std::vector<float> tmp;
   std::vector<int16_t> q16;   // integer kernels: per task row, the int16 query (ScoreMse16 order)
   std::vector<float> qinv;    // per task row: 1 / (query scale * centroid scale)
-  std::vector<int32_t> qtok;  // 2/3-bit keys, d 128: per task row, the int16 query pairs (ScoreTok order)
+  std::vector<int16_t> qtok;  // 2/3-bit keys, d 128: per task row, the 64 int16 query pairs (ScoreTok order)
   std::vector<float> qtokinv; // ... and 1 / (query scale * centroid scale)
   std::vector<int16_t> qs16;  // prod keys: per task row, the int16 QJL sketch (natural order)
   std::vector<float> qsinv;   // prod keys: per task row, 1 / sketch scale
@@ -995,6 +995,30 @@ HWY_INLINE void RoundToI16(const float* f, size_t len, int16_t* o) {
   }
 }
 
+// Every task row's rotated query as int16 lanes: scaled so its largest
+// |q_j| is qmax, placed into len float lanes by place(q, qs, f) (the kernel's
+// lane order), rounded into out[r * len ..]; inv[r] = 1 / (qs * cscale).
+// Rows without a query, or with a zero one, keep zeros (every score is koff).
+template <class Place>
+HWY_INLINE void QueriesToI16(const attn::Task& task, long qmax, float cscale, size_t len,
+                             std::vector<int16_t>& out, std::vector<float>& inv, AScratch& scr,
+                             const Place& place) {
+  out.assign(task.num_rows * len, 0);
+  inv.assign(task.num_rows, 0.0f);
+  if (scr.tmp.size() < len) scr.tmp.resize(len);
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const float* q = task.rows[r].qrot;
+    if (q == nullptr) continue;
+    float mx = 0.0f;
+    for (size_t j = 0; j < task.d; ++j) mx = std::max(mx, std::fabs(q[j]));
+    if (!(mx > 0.0f)) continue;
+    const float qs = static_cast<float>(qmax) / mx;
+    place(q, qs, scr.tmp.data());
+    RoundToI16(scr.tmp.data(), len, out.data() + r * len);
+    inv[r] = 1.0f / (qs * cscale);
+  }
+}
+
 // Int16 queries of every task row (from the driver's permuted rotated query).
 // Up to 4 nvec_k products are summed in int32 (KeyCmax), so
 // |q| <= 2^31 / (4 nvec_k KeyCmax).
@@ -1002,28 +1026,14 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& s
   const size_t d = task.d, len = z.nvec_k * kN16;
   const long qmax =
       std::min<long>(16383, 2147483647L / (4L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
-  scr.q16.assign(task.num_rows * len, 0);
-  if (scr.tmp.size() < len) scr.tmp.resize(len);
-  scr.qinv.assign(task.num_rows, 0.0f);
-  for (size_t r = 0; r < task.num_rows; ++r) {
-    const float* q = task.rows[r].qrot;
-    if (q == nullptr) continue;
-    float mx = 0.0f;
-    for (size_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(q[j]));
-    if (!(mx > 0.0f)) continue;  // zero query: every score is koff
-    const float qs = static_cast<float>(qmax) / mx;
-    int16_t* o = scr.q16.data() + r * len;
-    // Scaled query in lane order, then rounded.
-    float* f = scr.tmp.data();
+  QueriesToI16(task, qmax, z.cscale, len, scr.q16, scr.qinv, scr, [&](const float* q, float qs, float* f) {
     for (size_t v = 0; v < z.nvec_k; ++v) {
       for (size_t w = 0; w < kN16; ++w) {
         const size_t x = I16KeyCoord(z.nib, v, w);
         f[v * kN16 + w] = x < d ? q[FastPos(x, d)] * qs : 0.0f;
       }
     }
-    RoundToI16(f, len, o);
-    scr.qinv[r] = 1.0f / (qs * z.cscale);
-  }
+  });
   if (z.qjl == 0) return;
   // Prod keys: the QJL sketch S q' to int16 (|q| <= 16383; a lane sums
   // 2 m / kN16 products of |q| with 0 or -1, far inside int32).
@@ -1774,30 +1784,17 @@ inline bool TokOk(const I16Book& z, size_t d) {
 inline long TokQmax(const I16Book& z) {
   return std::min<long>(16383, 2147483647L / (32L * KeyCmax(z.nvec_k)));
 }
-// Int32 query pairs of every task row in kernel order (low half the query
-// of code x, high half of code y).
+// The query pairs of every task row in kernel order (int16 lanes 2 p and
+// 2 p + 1: the query of code x and of code y of pair p).
 inline void PrepareQTok(const attn::Task& task, const I16Book& z, AScratch& scr) {
   const size_t d = task.d;
-  const long qmax = TokQmax(z);
-  scr.qtok.assign(task.num_rows * 64, 0);
-  scr.qtokinv.assign(task.num_rows, 0.0f);
-  if (scr.tmp.size() < 2 * 64) scr.tmp.resize(2 * 64);
-  for (size_t r = 0; r < task.num_rows; ++r) {
-    const float* q = task.rows[r].qrot;
-    if (q == nullptr) continue;
-    float mx = 0.0f;
-    for (size_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(q[j]));
-    if (!(mx > 0.0f)) continue;  // zero query: every score is koff
-    const float qs = static_cast<float>(qmax) / mx;
-    float* f = scr.tmp.data();
+  QueriesToI16(task, TokQmax(z), z.cscale, 2 * 64, scr.qtok, scr.qtokinv, scr, [&](const float* q, float qs, float* f) {
     for (size_t p = 0; p < 64; ++p) {
       const auto [x, y] = TokPair(z.bits, p);
       f[2 * p] = q[FastPos(x, d)] * qs;
       f[2 * p + 1] = q[FastPos(y, d)] * qs;
     }
-    RoundToI16(f, 2 * 64, reinterpret_cast<int16_t*>(scr.qtok.data() + r * 64));
-    scr.qtokinv[r] = 1.0f / (qs * z.cscale);
-  }
+  });
 }
 // acc += pairwise int16 products of x and the int32 at base + OFF
 // broadcast (the offset in the instruction: with a plain memory operand GCC
@@ -1853,7 +1850,7 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   for (size_t r = 0; r < NR; ++r) {
     rs[r]->int_keys = true;
     const size_t ri = static_cast<size_t>(rs[r] - task.rows);
-    qp[r] = scr.qtok.data() + ri * 64;
+    qp[r] = reinterpret_cast<const int32_t*>(scr.qtok.data() + ri * 128);  // a pair = one int32
     qi[r] = scr.qtokinv[ri];
   }
   const __m512i t16 = _mm512_load_si512(z.t16);
