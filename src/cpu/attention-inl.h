@@ -148,11 +148,16 @@ HWY_INLINE float Scale(const CodecPlan& plan, const uint8_t* p) {
   return f;
 }
 // The row scales of n <= 16 tokens (rows `stride` bytes apart) into
-// out[0..n) (AVX-512: out[0..16), lanes past n zero): fp16 scales gathered as 16-bit words and
-// converted at once (rows of a KVCache hold codes and scale together, so
-// the scales are not contiguous there).
+// out[0..n) (AVX-512: out[0..16), lanes past n zero). fp16 scales are
+// converted 16 at a time: one load where they are contiguous (paged
+// planes, stride 2), else gathered as 16-bit words first (a KVCache row
+// holds its codes and scale together).
 HWY_INLINE void Scales16(const CodecPlan& plan, const uint8_t* p, size_t stride, size_t n, float* out) {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+  if (plan.scale_f16 && stride == 2 && n == 16) {
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    return;
+  }
   if (plan.scale_f16) {
     HWY_ALIGN uint16_t h[16] = {};
     if (n == 16) {
@@ -1021,19 +1026,23 @@ HWY_INLINE void QueriesToI16(const attn::Task& task, long qmax, float cscale, si
 
 // Int16 queries of every task row (from the driver's permuted rotated query).
 // Up to 4 nvec_k products are summed in int32 (KeyCmax), so
-// |q| <= 2^31 / (4 nvec_k KeyCmax).
-HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, AScratch& scr) {
+// |q| <= 2^31 / (4 nvec_k KeyCmax). With lanes false only the prod keys'
+// QJL sketch is prepared (the token-lane kernel, ScoreTok, takes its own
+// query pairs).
+HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, bool lanes, AScratch& scr) {
   const size_t d = task.d, len = z.nvec_k * kN16;
   const long qmax =
       std::min<long>(16383, 2147483647L / (4L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
-  QueriesToI16(task, qmax, z.cscale, len, scr.q16, scr.qinv, scr, [&](const float* q, float qs, float* f) {
-    for (size_t v = 0; v < z.nvec_k; ++v) {
-      for (size_t w = 0; w < kN16; ++w) {
-        const size_t x = I16KeyCoord(z.nib, v, w);
-        f[v * kN16 + w] = x < d ? q[FastPos(x, d)] * qs : 0.0f;
+  if (lanes) {
+    QueriesToI16(task, qmax, z.cscale, len, scr.q16, scr.qinv, scr, [&](const float* q, float qs, float* f) {
+      for (size_t v = 0; v < z.nvec_k; ++v) {
+        for (size_t w = 0; w < kN16; ++w) {
+          const size_t x = I16KeyCoord(z.nib, v, w);
+          f[v * kN16 + w] = x < d ? q[FastPos(x, d)] * qs : 0.0f;
+        }
       }
-    }
-  });
+    });
+  }
   if (z.qjl == 0) return;
   // Prod keys: the QJL sketch S q' to int16 (|q| <= 16383; a lane sums
   // 2 m / kN16 products of |q| with 0 or -1, far inside int32).
@@ -1670,7 +1679,6 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   // 2- and 3-bit codes: KeyWordLut.
   const WordLut<2 * NCH>* wl = S::kNib ? nullptr : &KeyWordLut<BITS, NCH>();
   const __m512i t16 = _mm512_load_si512(z.t16);
-  const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   const size_t vbytes = ctx.task->vc ? ctx.task->vc->payload_bytes : 0;
 
   // The NR partial-sum vectors of token t.
@@ -1707,12 +1715,7 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
     HWY_ALIGN float sc[16] = {};
-    if (vec_scales && nt == 16) {
-      _mm512_store_ps(sc, _mm512_cvtph_ps(_mm256_loadu_si256(
-                              reinterpret_cast<const __m256i*>(s.km + t0 * s.km_stride))));
-    } else {
-      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc);
-    }
+    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc);
     __m512 tot[NR];
     Sum16<NR>(token, t0, nt, tot);
     const __m512 scv = _mm512_load_ps(sc);
@@ -1855,7 +1858,6 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   }
   const __m512i t16 = _mm512_load_si512(z.t16);
   const Tok3Counts& cv = Tok3CountVectors();
-  const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   const size_t nvl = (vbytes + 63) / 64;
   HWY_ALIGN int32_t dw[NW][16];
@@ -1901,19 +1903,10 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
         const __m512i A = _mm512_load_si512(dw[3 * m]), B = _mm512_load_si512(dw[3 * m + 1]),
                       C = _mm512_load_si512(dw[3 * m + 2]);
         auto cnt = [&](size_t j) { return _mm512_load_si512(cv.c[j]); };
-        use(integral_constant<size_t, o + 0>(), _mm512_srlv_epi16(A, cnt(0)));
-        use(integral_constant<size_t, o + 1>(), _mm512_srlv_epi16(A, cnt(1)));
-        use(integral_constant<size_t, o + 2>(), _mm512_srlv_epi16(A, cnt(2)));
-        use(integral_constant<size_t, o + 3>(), _mm512_srlv_epi16(A, cnt(3)));
-        use(integral_constant<size_t, o + 4>(), _mm512_srlv_epi16(B, cnt(4)));
-        use(integral_constant<size_t, o + 5>(), _mm512_srlv_epi16(B, cnt(5)));
-        use(integral_constant<size_t, o + 6>(), _mm512_srlv_epi16(B, cnt(6)));
-        use(integral_constant<size_t, o + 7>(), _mm512_srlv_epi16(B, cnt(7)));
-        use(integral_constant<size_t, o + 8>(), _mm512_srlv_epi16(B, cnt(8)));
-        use(integral_constant<size_t, o + 9>(), _mm512_srlv_epi16(C, cnt(9)));
-        use(integral_constant<size_t, o + 10>(), _mm512_srlv_epi16(C, cnt(10)));
-        use(integral_constant<size_t, o + 11>(), _mm512_srlv_epi16(C, cnt(11)));
-        use(integral_constant<size_t, o + 12>(), _mm512_srlv_epi16(C, cnt(12)));
+        // Pairs 0..12 from one word each: A holds 0..3, B 4..8, C 9..12.
+        [&]<size_t... J>(std::index_sequence<J...>) {
+          (use(integral_constant<size_t, o + J>(), _mm512_srlv_epi16(J < 4 ? A : J < 9 ? B : C, cnt(J))), ...);
+        }(std::make_index_sequence<13>());
         use(integral_constant<size_t, o + 13>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(A, B, 12), cnt(13)));
         use(integral_constant<size_t, o + 14>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(B, C, 30), cnt(14)));
         use(integral_constant<size_t, o + 15>(),
@@ -1928,31 +1921,15 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       auto word = [&](auto W) __attribute__((always_inline)) {
         constexpr size_t w = decltype(W)::value;
         const __m512i D = _mm512_load_si512(dw[w]);
-        auto pair = [&](auto I) __attribute__((always_inline)) {
-          constexpr size_t i = decltype(I)::value;
-          use(integral_constant<size_t, w * per + i>(), i == 0 ? D : _mm512_srli_epi16(D, i * BITS));
-        };
-        pair(integral_constant<size_t, 0>());
-        pair(integral_constant<size_t, 1>());
-        pair(integral_constant<size_t, 2>());
-        pair(integral_constant<size_t, 3>());
-        if constexpr (per == 8) {  // 2 bits
-          pair(integral_constant<size_t, 4>());
-          pair(integral_constant<size_t, 5>());
-          pair(integral_constant<size_t, 6>());
-          pair(integral_constant<size_t, 7>());
-        }
+        [&]<size_t... I>(std::index_sequence<I...>) {
+          (use(integral_constant<size_t, w * per + I>(), I == 0 ? D : _mm512_srli_epi16(D, I * BITS)), ...);
+        }(std::make_index_sequence<per>());
       };
       [&]<size_t... W>(std::index_sequence<W...>) { (word(integral_constant<size_t, W>()), ...); }(
           std::make_index_sequence<NW>());
     }
     HWY_ALIGN float sc[16] = {};
-    if (vec_scales && nt == 16) {
-      _mm512_store_ps(sc, _mm512_cvtph_ps(_mm256_loadu_si256(
-                              reinterpret_cast<const __m256i*>(s.km + t0 * s.km_stride))));
-    } else {
-      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc);
-    }
+    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc);
     const __m512 scv = _mm512_load_ps(sc);
     const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
     HWY_UNROLL(4)
@@ -4142,10 +4119,12 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
 #ifdef TQ_ATTN_I16
   InitI16(task.kc, d, true, &kctx.i16);
   InitI16(task.vc, d, false, &vctx.i16);
-  if (kctx.i16.on) PrepareQ16(task, kctx.i16, scr);
+  bool tok = false;  // 2/3-bit keys at d 128 scored by ScoreTok
 #if HWY_TARGET == HWY_AVX3_DL
-  if (TokOk(kctx.i16, d)) PrepareQTok(task, kctx.i16, scr);
+  tok = TokOk(kctx.i16, d);
+  if (tok) PrepareQTok(task, kctx.i16, scr);
 #endif
+  if (kctx.i16.on) PrepareQ16(task, kctx.i16, !tok, scr);
 #if HWY_TARGET == HWY_AVX3_DL
   kctx.gk = MakeGKeys(task.kc, d);
   if (kctx.gk.on) PrepareGKeys(task, kctx.gk, scr);
