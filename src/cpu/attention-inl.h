@@ -150,27 +150,45 @@ HWY_INLINE float Scale(const CodecPlan& plan, const uint8_t* p) {
 // The row scales of n <= 16 tokens (rows `stride` bytes apart) into
 // out[0..n) (AVX-512: out[0..16), lanes past n zero). fp16 scales are
 // converted 16 at a time: one load where they are contiguous (paged
-// planes, stride 2), else gathered as 16-bit words first (a KVCache row
-// holds its codes and scale together).
-HWY_INLINE void Scales16(const CodecPlan& plan, const uint8_t* p, size_t stride, size_t n, float* out) {
+// planes, stride 2), else one gather of 32-bit words (a KVCache row holds
+// its codes and scale together): the word that ends with the scale where
+// `lead` says 2 bytes of the same row precede it (codes, then scale), else
+// the word that starts with it (a meta plane of rows of >= 4 bytes). The
+// gather replaced 16 two-byte stores and a vector load of them, which
+// cannot be forwarded and stalled the value kernel once per 16 tokens.
+HWY_INLINE void Scales16(const CodecPlan& plan, const uint8_t* p, size_t stride, size_t n, float* out,
+                         bool lead) {
 #if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
   if (plan.scale_f16 && stride == 2 && n == 16) {
     _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
     return;
   }
+  if (plan.scale_f16 && (lead || stride >= 4) && stride < (size_t{1} << 26)) {
+    const __mmask16 m = n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(static_cast<int>(stride)));
+    __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, lead ? p - 2 : p, 1);
+    if (lead) g = _mm512_srli_epi32(g, 16);
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+    return;
+  }
   if (plan.scale_f16) {
     HWY_ALIGN uint16_t h[16] = {};
-    if (n == 16) {
-      HWY_UNROLL(16)
-      for (size_t t = 0; t < 16; ++t) std::memcpy(&h[t], p + t * stride, 2);
-    } else {
-      for (size_t t = 0; t < n; ++t) std::memcpy(&h[t], p + t * stride, 2);
-    }
+    for (size_t t = 0; t < n; ++t) std::memcpy(&h[t], p + t * stride, 2);
     _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
     return;
   }
+#else
+  (void)lead;
 #endif
   for (size_t t = 0; t < n; ++t) out[t] = Scale(plan, p + t * stride);
+}
+// Whether a segment's row scales (meta at m) sit inside rows of codes (at c,
+// `stride` bytes apart) behind at least 2 code bytes: Scales16's `lead`.
+HWY_INLINE bool MetaAfterCodes(const uint8_t* c, const uint8_t* m, size_t stride) {
+  const auto ci = reinterpret_cast<uintptr_t>(c), mi = reinterpret_cast<uintptr_t>(m);
+  return mi >= ci + 2 && mi < ci + stride;
 }
 
 // Unpacked indices of one row (whole groups of 8 may be written past d).
@@ -438,6 +456,7 @@ struct AScratch {
   std::vector<float> qsall;   // prod keys: per task row, the sum of its int16 sketch
   std::vector<float> priv;    // per task row: value sums in AccumMse16 order
   std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
+  std::vector<float> lsum;    // per task row: the softmax denominator's lanes (AttnRunImpl)
   std::vector<int16_t> qg16;  // group-scaled integer keys: per task row, the int16 query (GKeyCoord order)
   std::vector<float> qginv;   // ... and 1 / its scale
   std::vector<int16_t> qs16x;  // split keys: per task row, the int16 extended query
@@ -580,6 +599,9 @@ HWY_NOINLINE void ScoreDecodedT(const DecodeInfo& info, const attn::Seg& s, size
 // Rows ahead that the dense kernels prefetch while streaming K or V: the
 // hardware prefetcher alone left dense fp16 decode 14-20% slower.
 constexpr size_t kDenseAhead = 16;
+// ScoreTok's key rows are 32-48 bytes: 16 rows ahead (one block) was too
+// close (k3_v3 and k4_v4 at 32K, one thread: 5-6% slower than 64 ahead).
+constexpr size_t kTokAhead = 64;
 
 // Dense rows (fp16, bf16, fp32; d a multiple of kL): two tokens at a time
 // (2 NR independent sums), partial sums reduced kL tokens at a time.
@@ -1683,6 +1705,7 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
 
   // The NR partial-sum vectors of token t.
   const size_t nvl = (vbytes + 63) / 64;
+  const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
   auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
     const uint8_t* row = s.k + t * s.k_stride;
     hwy::Prefetch(row + kDenseAhead * s.k_stride);
@@ -1715,7 +1738,7 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
     HWY_ALIGN float sc[16] = {};
-    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc);
+    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
     __m512 tot[NR];
     Sum16<NR>(token, t0, nt, tot);
     const __m512 scv = _mm512_load_ps(sc);
@@ -1861,6 +1884,7 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   const size_t nvl = (vbytes + 63) / 64;
   HWY_ALIGN int32_t dw[NW][16];
+  const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
     {
@@ -1872,9 +1896,9 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       if (nt == 16) {
         HWY_UNROLL(16)
         for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(kRowMask, kr + i * ks);
-        // The key stream kDenseAhead rows ahead and this block's value rows.
+        // The key stream kTokAhead rows ahead and this block's value rows.
         HWY_UNROLL(16)
-        for (size_t i = 0; i < 16; ++i) hwy::Prefetch(kr + (kDenseAhead + i) * ks);
+        for (size_t i = 0; i < 16; ++i) hwy::Prefetch(kr + (kTokAhead + i) * ks);
         for (size_t o = 0; o < nvl; ++o) {
           HWY_UNROLL(16)
           for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
@@ -1929,7 +1953,7 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
           std::make_index_sequence<NW>());
     }
     HWY_ALIGN float sc[16] = {};
-    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc);
+    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
     const __m512 scv = _mm512_load_ps(sc);
     const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
     HWY_UNROLL(4)
@@ -3115,7 +3139,10 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
     for (; t_sc + kL <= n; t_sc += kL) hn::Store(hn::PromoteTo(df, hn::LoadU(AH(), h + t_sc)), df, vs + t_sc);
   }
   if (!z.asym) {
-    for (; t_sc < n; t_sc += 16) Scales16(*plan, s.vm + (a + t_sc) * s.vm_stride, s.vm_stride, std::min<size_t>(16, n - t_sc), vs + t_sc);
+    const bool vlead = MetaAfterCodes(s.v, s.vm, s.vm_stride);
+    for (; t_sc < n; t_sc += 16) {
+      Scales16(*plan, s.vm + (a + t_sc) * s.vm_stride, s.vm_stride, std::min<size_t>(16, n - t_sc), vs + t_sc, vlead);
+    }
   }
   for (size_t t = t_sc; t < n; ++t) vs[t] = Half(s.vm + (a + t) * s.vm_stride);
   if (z.asym) {
@@ -3135,23 +3162,34 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   float* priv[NR];
   bool any = false;
   const hn::Rebind<int16_t, AF> dh;
+  // In three stages over the rows (products and their maxima, the
+  // reductions, the int16 weights), so that the rows' reductions and
+  // divisions overlap instead of each waiting on its own.
+  HWY_ALIGN float wt[NR][kTile + kL];
+  AV mxv[NR];
+  HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) {
     rs[r]->int_values = true;
     priv[r] = scr.priv.data() + static_cast<size_t>(rs[r] - task.rows) * plen;
-    HWY_ALIGN float wt[kTile + kL];
-    AV mxv = hn::Zero(df);
+    mxv[r] = hn::Zero(df);
     for (size_t t = 0; t < n; t += kL) {
       const AV x = hn::IfThenElseZero(hn::FirstN(df, n - t),
                                       hn::Mul(hn::LoadU(df, w[r] + t), hn::Load(df, vs + t)));
-      mxv = hn::Max(mxv, x);
-      hn::Store(x, df, wt + t);
+      mxv[r] = hn::Max(mxv[r], x);
+      hn::Store(x, df, wt[r] + t);
     }
-    const float mx = hn::GetLane(hn::MaxOfLanes(df, mxv));
+  }
+  float mxs[NR];
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) mxs[r] = hn::GetLane(hn::MaxOfLanes(df, mxv[r]));
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    const float mx = mxs[r];
     const AV f = hn::Set(df, mx > 0.0f ? static_cast<float>(z.wmax) / mx : 0.0f);
     fac[r] = mx > 0.0f ? mx / static_cast<float>(z.wmax) / z.cscale : 0.0f;
     any |= mx > 0.0f;
     for (size_t t = 0; t < n; t += kL) {
-      hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Load(df, wt + t), f))), dh, w16[r] + t);
+      hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Load(df, wt[r] + t), f))), dh, w16[r] + t);
     }
     w16[r][n] = 0;  // an odd tile's twin
     if (z.asym) {  // sum_t w_t z_t, added to every coordinate at the end of the task
@@ -4138,6 +4176,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   }
 #endif
 
+  scr.lsum.assign(task.num_rows * kL, 0.0f);
   for (size_t si = 0; si < task.num_segs; ++si) {
     const attn::Seg& s = task.segs[si];
     const size_t seg_a = std::max(s.pos0, task.t0);
@@ -4228,48 +4267,59 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         for (size_t t = 0; t < vis_a; ++t) x[t] = kMasked;
         for (size_t t = vis_b; t < n; ++t) x[t] = kMasked;
         // Masked logits are -1e30, so the max over the whole tile is the max
-        // over the visible part (which is never empty here).
-        float mx = row.m;
+        // over the visible part (which is never empty here). The running
+        // max changes only when a lane of the tile exceeds it: one vector
+        // compare decides, and the reduction to the exact maximum runs only
+        // then (results as before: the new max is max(row.m, tile max)).
+        // The row's exponentials sum into a vector (lsum), reduced once
+        // at the end of the task: the two horizontal reductions a row and
+        // tile had been the driver's critical path.
+        const size_t ri = static_cast<size_t>(&row - task.rows);
+        float* lsv = scr.lsum.data() + ri * kL;
         {
           size_t t = 0;
           AV mv = hn::Set(df, kMasked);
           for (; t + kL <= n; t += kL) mv = hn::Max(mv, hn::LoadU(df, x + t));
-          mx = std::max(mx, hn::GetLane(hn::MaxOfLanes(df, mv)));
-          for (; t < n; ++t) mx = std::max(mx, x[t]);
+          bool up = !hn::AllFalse(df, hn::Gt(mv, hn::Set(df, row.m)));
+          float tail = kMasked;
+          for (size_t u = t; u < n; ++u) tail = std::max(tail, x[u]);
+          up |= tail > row.m;
+          if (up) {
+            const float mx = std::max(tail, hn::GetLane(hn::MaxOfLanes(df, mv)));
+            const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
+            row.l *= corr;
+            row.lc *= corr;
+            if (corr != 1.0f) {
+              const AV cv = hn::Set(df, corr);
+              hn::StoreU(hn::Mul(cv, hn::LoadU(df, lsv)), df, lsv);
+              for (float* acc : {row.acc, row.accr}) {
+                size_t j = 0;
+                for (; j + kL <= d; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, acc + j)), df, acc + j);
+                for (; j < d; ++j) acc[j] *= corr;
+              }
+#ifdef TQ_ATTN_I16
+              if (priv_len > 0) {
+                float* pv = scr.priv.data() + ri * priv_len;
+                for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
+                scr.zsum[ri] *= corr;
+              }
+#endif
+            }
+            row.m = mx;
+          }
         }
         row.scored += vis_b - vis_a;
-        if (mx > row.m) {
-          const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
-          row.l *= corr;
-          row.lc *= corr;
-          if (corr != 1.0f) {
-            const AV cv = hn::Set(df, corr);
-            for (float* acc : {row.acc, row.accr}) {
-              size_t j = 0;
-              for (; j + kL <= d; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, acc + j)), df, acc + j);
-              for (; j < d; ++j) acc[j] *= corr;
-            }
-#ifdef TQ_ATTN_I16
-            if (priv_len > 0) {
-              const size_t ri = static_cast<size_t>(&row - task.rows);
-              float* pv = scr.priv.data() + ri * priv_len;
-              for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
-              scr.zsum[ri] *= corr;
-            }
-#endif
-          }
-          row.m = mx;
-        }
+        const float mx = row.m;
         const AV mv = hn::Set(df, -mx * 1.44269504089f);
         float sum = 0.0f;
         size_t t = 0;
-        AV sv = hn::Zero(df);
+        AV sv = hn::LoadU(df, lsv);
         for (; t + kL <= n; t += kL) {
           const AV e = SoftmaxExp(df, hn::LoadU(df, x + t), mv);
           sv = hn::Add(sv, e);
           hn::StoreU(e, df, x + t);
         }
-        sum = hn::GetLane(hn::SumOfLanes(df, sv));
+        hn::StoreU(sv, df, lsv);
         for (; t < n; ++t) {
           x[t] = std::exp(x[t] - mx);
           sum += x[t];
@@ -4320,6 +4370,9 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
       }
     }
+  }
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    task.rows[r].l += hn::GetLane(hn::SumOfLanes(df, hn::LoadU(df, scr.lsum.data() + r * kL)));
   }
 #ifdef TQ_ATTN_I16
   // Integer value sums back into the rows' accumulators.
