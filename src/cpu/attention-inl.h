@@ -117,10 +117,22 @@ HWY_INLINE float DenseScalar(Fmt f, const uint8_t* p, size_t j) {
 // row's largest weight, 1), and masked logits are zeroed by the caller.
 // A third of Highway's Exp instructions (which handles any x); the softmax
 // was a quarter of decode time at 32K for 3-bit presets.
+// On x86 the rounding is one conversion to int32 (nearest, ties to even, as
+// Round; t in [-126, 0] cannot overflow) and one back, instead of Round plus
+// Highway's truncating conversion with its overflow fix-up (6 instructions).
 HWY_INLINE AV SoftmaxExp(AF df, AV x, AV mlog2e) {
   const hn::RebindToSigned<AF> di;
   const AV t = hn::Max(hn::MulAdd(x, hn::Set(df, 1.44269504089f), mlog2e), hn::Set(df, -126.0f));
+#if HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86
+  const hn::Vec<decltype(di)> ri{_mm512_cvtps_epi32(t.raw)};
+  const AV r{_mm512_cvtepi32_ps(ri.raw)};
+#elif HWY_TARGET <= HWY_AVX2 && HWY_ARCH_X86
+  const hn::Vec<decltype(di)> ri{_mm256_cvtps_epi32(t.raw)};
+  const AV r{_mm256_cvtepi32_ps(ri.raw)};
+#else
   const AV r = hn::Round(t);
+  const auto ri = hn::ConvertTo(di, r);
+#endif
   const AV f = hn::Sub(t, r);
   AV p = hn::Set(df, 0.001326225814409554f);
   p = hn::MulAdd(p, f, hn::Set(df, 0.009670644998550415f));
@@ -128,7 +140,7 @@ HWY_INLINE AV SoftmaxExp(AF df, AV x, AV mlog2e) {
   p = hn::MulAdd(p, f, hn::Set(df, 0.24022217094898224f));
   p = hn::MulAdd(p, f, hn::Set(df, 0.6931470036506653f));
   p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
-  const auto e = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, r), hn::Set(di, 127)));
+  const auto e = hn::ShiftLeft<23>(hn::Add(ri, hn::Set(di, 127)));
   return hn::Mul(p, hn::BitCast(df, e));
 }
 
@@ -1036,8 +1048,12 @@ HWY_INLINE void QueriesToI16(const attn::Task& task, long qmax, float cscale, si
   for (size_t r = 0; r < task.num_rows; ++r) {
     const float* q = task.rows[r].qrot;
     if (q == nullptr) continue;
-    float mx = 0.0f;
-    for (size_t j = 0; j < task.d; ++j) mx = std::max(mx, std::fabs(q[j]));
+    const AF df;
+    AV mv = hn::Zero(df);
+    size_t j = 0;
+    for (; j + kL <= task.d; j += kL) mv = hn::Max(mv, hn::Abs(hn::LoadU(df, q + j)));
+    float mx = hn::GetLane(hn::MaxOfLanes(df, mv));
+    for (; j < task.d; ++j) mx = std::max(mx, std::fabs(q[j]));
     if (!(mx > 0.0f)) continue;
     const float qs = static_cast<float>(qmax) / mx;
     place(q, qs, scr.tmp.data());
@@ -1813,13 +1829,23 @@ inline long TokQmax(const I16Book& z) {
 // The query pairs of every task row in kernel order (int16 lanes 2 p and
 // 2 p + 1: the query of code x and of code y of pair p).
 inline void PrepareQTok(const attn::Task& task, const I16Book& z, AScratch& scr) {
-  const size_t d = task.d;
-  QueriesToI16(task, TokQmax(z), z.cscale, 2 * 64, scr.qtok, scr.qtokinv, scr, [&](const float* q, float qs, float* f) {
+  // Lane i reads the permuted query at pos[i] (built once per code width).
+  struct Pos {
+    uint8_t at[128];
+  };
+  static const auto make = [](int bits) {
+    Pos r{};
     for (size_t p = 0; p < 64; ++p) {
-      const auto [x, y] = TokPair(z.bits, p);
-      f[2 * p] = q[FastPos(x, d)] * qs;
-      f[2 * p + 1] = q[FastPos(y, d)] * qs;
+      const auto [x, y] = TokPair(bits, p);
+      r.at[2 * p] = static_cast<uint8_t>(FastPos(x, 128));
+      r.at[2 * p + 1] = static_cast<uint8_t>(FastPos(y, 128));
     }
+    return r;
+  };
+  static const Pos pos2 = make(2), pos3 = make(3);
+  const Pos& pos = z.bits == 2 ? pos2 : pos3;
+  QueriesToI16(task, TokQmax(z), z.cscale, 2 * 64, scr.qtok, scr.qtokinv, scr, [&](const float* q, float qs, float* f) {
+    for (size_t i = 0; i < 128; ++i) f[i] = q[pos.at[i]] * qs;
   });
 }
 // acc += pairwise int16 products of x and the int32 at base + OFF
@@ -1830,8 +1856,9 @@ HWY_INLINE __m512i DpwssdB(__m512i acc, __m512i x, const int32_t* base) {
   asm("vpdpwssd %c3(%2)%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "r"(base), "i"(4 * OFF));
   return acc;
 }
-// 16 rows of NW (8 or 12) words to NW vectors of 16 lanes (dw[w]).
-template <size_t NW>
+// 16 rows of NW (8 or 12) words to NW vectors of 16 lanes (dw[w]); with
+// kExtra also word NW (the row scale behind the codes) to dw[NW].
+template <size_t NW, bool kExtra = false>
 HWY_INLINE void TransposeRows(const __m512i (&R)[16], int32_t (*dw)[16]) {
   __m512i T[16], U[16];
   HWY_UNROLL(8)
@@ -1860,6 +1887,12 @@ HWY_INLINE void TransposeRows(const __m512i (&R)[16], int32_t (*dw)[16]) {
       _mm512_store_si512(dw[8 + e], _mm512_shuffle_i32x4(q01, q23, 0x88));
     }
   }
+  if constexpr (kExtra) {  // word NW = word 0 of block NW / 4
+    constexpr int kSel = NW == 12 ? 0xFF : 0xAA;
+    const __m512i x01 = _mm512_shuffle_i32x4(U[0], U[4], kSel);
+    const __m512i x23 = _mm512_shuffle_i32x4(U[8], U[12], kSel);
+    _mm512_store_si512(dw[NW], _mm512_shuffle_i32x4(x01, x23, 0x88));
+  }
 }
 template <int BITS, size_t NR>
 HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
@@ -1883,8 +1916,13 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   const Tok3Counts& cv = Tok3CountVectors();
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   const size_t nvl = (vbytes + 63) / 64;
-  HWY_ALIGN int32_t dw[NW][16];
+  HWY_ALIGN int32_t dw[NW + 1][16];
   const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
+  // KVCache rows hold the fp16 scale right behind the codes: the rows are
+  // loaded with it (byte mask: nothing past the scale is read) and the
+  // transpose puts the 16 scales in one vector (was a gather).
+  const bool inrow = plan.scale_f16 && s.km == s.k + 4 * NW && s.km_stride == s.k_stride;
+  constexpr __mmask64 kRowScaleMask = (__mmask64{1} << (4 * NW + 2)) - 1;
   for (size_t t0 = a; t0 < b; t0 += 16) {
     const size_t nt = std::min<size_t>(16, b - t0);
     {
@@ -1893,7 +1931,17 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       const uint8_t* kr = s.k + t0 * s.k_stride;
       const uint8_t* vr = s.v + t0 * s.v_stride;
       const size_t ks = s.k_stride, vs = s.v_stride;
-      if (nt == 16) {
+      if (inrow) {
+        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(kRowScaleMask, kr + std::min(i, nt - 1) * ks);
+        if (nt == 16) {
+          HWY_UNROLL(16)
+          for (size_t i = 0; i < 16; ++i) hwy::Prefetch(kr + (kTokAhead + i) * ks);
+          for (size_t o = 0; o < nvl; ++o) {
+            HWY_UNROLL(16)
+            for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
+          }
+        }
+      } else if (nt == 16) {
         HWY_UNROLL(16)
         for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(kRowMask, kr + i * ks);
         // The key stream kTokAhead rows ahead and this block's value rows.
@@ -1906,7 +1954,19 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       } else {
         for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi32(kRowMask, kr + std::min(i, nt - 1) * ks);
       }
-      TransposeRows<NW>(R, dw);
+      if (inrow) {
+        TransposeRows<NW, true>(R, dw);
+      } else {
+        TransposeRows<NW>(R, dw);
+      }
+    }
+    __m512 scv;
+    if (inrow) {
+      scv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_load_si512(dw[NW])));
+    } else {
+      HWY_ALIGN float sc[16] = {};
+      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
+      scv = _mm512_load_ps(sc);
     }
     __m512i acc[NR][4];
     HWY_UNROLL(4)
@@ -1952,9 +2012,6 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       [&]<size_t... W>(std::index_sequence<W...>) { (word(integral_constant<size_t, W>()), ...); }(
           std::make_index_sequence<NW>());
     }
-    HWY_ALIGN float sc[16] = {};
-    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
-    const __m512 scv = _mm512_load_ps(sc);
     const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
