@@ -1951,14 +1951,17 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       const uint8_t* vr = s.v + t0 * s.v_stride;
       const size_t ks = s.k_stride, vs = s.v_stride;
       if (inrow) {
-        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(kRowScaleMask, kr + std::min(i, nt - 1) * ks);
         if (nt == 16) {
+          HWY_UNROLL(16)
+          for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(kRowScaleMask, kr + i * ks);
           HWY_UNROLL(16)
           for (size_t i = 0; i < 16; ++i) hwy::Prefetch(kr + (kTokAhead + i) * ks);
           for (size_t o = 0; o < nvl; ++o) {
             HWY_UNROLL(16)
             for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
           }
+        } else {
+          for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(kRowScaleMask, kr + std::min(i, nt - 1) * ks);
         }
       } else if (nt == 16) {
         HWY_UNROLL(16)
