@@ -827,7 +827,10 @@ TEST(AttentionErrors, DecodeOverKVCache) {
   ExpectError(DecodeAttention({}, 8, q, out), {"empty"}, "no views");
   std::vector<float> qn = q;
   qn[5] = std::numeric_limits<float>::quiet_NaN();
-  ExpectError(DecodeAttention(views, 8, qn, out), {"finite"}, "NaN in q");
+  ExpectError(DecodeAttention(views, 8, qn, out), {"finite", "index 5"}, "NaN in q");
+  std::vector<float> qi = q;
+  qi[2047] = -std::numeric_limits<float>::infinity();
+  ExpectError(DecodeAttention(views, 8, qi, out), {"finite", "index 2047"}, "-inf in q (the last float)");
   ExpectError(DecodeAttention(views, 8, q, out, {.scale = std::numeric_limits<float>::infinity()}),
               {"scale"}, "infinite scale");
   ExpectError(DecodeAttention(views, 8, q, out, {.softcap = -1.0f}), {"softcap"}, "negative softcap");

@@ -433,9 +433,20 @@ Status CheckQ(std::span<const float> q, std::span<float> out, size_t rows, size_
     return InvalidArgumentError(std::string(what) + ": out has " + Str(out.size()) +
                                 " floats, expected " + Str(need));
   }
+  // A non-finite float has every exponent bit set: one branch-free pass
+  // (the compiler vectorizes it; a branch per element cost 3% of a 128-token
+  // decode), then the index for the message only when one is found.
+  uint32_t bad = 0;
   for (size_t i = 0; i < q.size(); ++i) {
-    if (!std::isfinite(q[i])) {
-      return InvalidArgumentError(std::string(what) + ": q is not finite at index " + Str(i));
+    uint32_t bits;
+    std::memcpy(&bits, &q[i], 4);
+    bad |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  if (bad != 0) {
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (!std::isfinite(q[i])) {
+        return InvalidArgumentError(std::string(what) + ": q is not finite at index " + Str(i));
+      }
     }
   }
   return Status::Ok();
