@@ -166,9 +166,11 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPre
 }
 
 // Adds the rotated value sum of a row, rotated back, into out. accr is the
-// caller's scratch: the inverse rotation clobbers it.
-void FinishRotated(const Comp& vc, float* accr, float* out, std::vector<float>* tmp) {
-  std::vector<float> natural;
+// caller's scratch: the inverse rotation clobbers it; tmp and natural_buf
+// are the caller's buffers (kept across rows: no allocation a row).
+void FinishRotated(const Comp& vc, float* accr, float* out, std::vector<float>* tmp,
+                   std::vector<float>* natural_buf) {
+  std::vector<float>& natural = *natural_buf;
   if (vc.fast_mse) {  // undo the kernel's permutation (src/cpu/attention-inl.h, AccumMseFast)
     const CodecPlan& plan = *vc.groups[0].plan;
     natural.resize(plan.dim);
@@ -358,7 +360,7 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
     if (items[i].chunk == 0) group_starts.push_back(i);
   }
   ParallelFor(group_starts.size(), threads, 1, [&](size_t a, size_t e) {
-    std::vector<float> tmp, acc(d), accr(d);
+    std::vector<float> tmp, natural, acc(d), accr(d);
     for (size_t gi = a; gi < e; ++gi) {
       const size_t i0 = group_starts[gi];
       const Item& it = items[i0];
@@ -390,7 +392,7 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
         float* o = pb.out + ((it.b * nq + qidx) * Hq + it.h * G + g) * d;
         for (size_t j = 0; j < d; ++j) o[j] = acc[j];
         if (hw.vc && (hw.vc->fmt == Fmt::kMse || hw.vc->fmt == Fmt::kSplit)) {
-          FinishRotated(*hw.vc, accr.data(), o, &tmp);
+          FinishRotated(*hw.vc, accr.data(), o, &tmp, &natural);
         }
         if (hw.vc && hw.vc->mean) {
           for (size_t j = 0; j < d; ++j) o[j] += static_cast<float>(lc) * hw.vc->mean[j];

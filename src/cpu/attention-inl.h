@@ -488,6 +488,7 @@ struct AScratch {
   std::vector<float> priv;    // per task row: value sums in AccumMse16 order
   std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
   std::vector<float> lsum;    // per task row: the softmax denominator's lanes (AttnRunImpl)
+  std::vector<uint32_t> vmap; // integer value lanes -> accumulator positions (AttnRunImpl)
   std::vector<int16_t> qg16;  // group-scaled integer keys: per task row, the int16 query (GKeyCoord order)
   std::vector<float> qginv;   // ... and 1 / its scale
   std::vector<int16_t> qs16x;  // split keys: per task row, the int16 extended query
@@ -4387,9 +4388,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
           }
         }
         row.scored += vis_b - vis_a;
-        const float mx = row.m;
-        const AV mv = hn::Set(df, -mx * 1.44269504089f);
-        float sum = 0.0f;
+        const AV mv = hn::Set(df, -row.m * 1.44269504089f);
         size_t t = 0;
         AV sv = hn::LoadU(df, lsv);
         for (; t + kL <= n; t += kL) {
@@ -4397,12 +4396,13 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
           sv = hn::Add(sv, e);
           hn::StoreU(e, df, x + t);
         }
-        hn::StoreU(sv, df, lsv);
-        for (; t < n; ++t) {
-          x[t] = std::exp(x[t] - mx);
-          sum += x[t];
+        if (t < n) {  // a partial tile's last lanes, masked (was a libm exp each)
+          const auto m = hn::FirstN(df, n - t);
+          const AV e = hn::IfThenElseZero(m, SoftmaxExp(df, hn::MaskedLoad(m, df, x + t), mv));
+          sv = hn::Add(sv, e);
+          hn::BlendedStore(e, m, df, x + t);
         }
-        row.l += sum;
+        hn::StoreU(sv, df, lsv);
         for (size_t tt = 0; tt < vis_a; ++tt) x[tt] = 0.0f;
         for (size_t tt = vis_b; tt < n; ++tt) x[tt] = 0.0f;
         size_t acc_n = vis_b - vis_a;
@@ -4455,17 +4455,24 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
 #ifdef TQ_ATTN_I16
   // Integer value sums back into the rows' accumulators.
   if (priv_len > 0) {
+    // int-asym values: plain domain, natural order, plus the zeros' share;
+    // TurboQuant values: the rotated accumulator in fast-MSE order. Where
+    // each lane goes is worked out once a task (per element and row it had
+    // been a tenth of a 256-token decode call).
+    const bool plain = vctx.i16.asym;
+    scr.vmap.resize(priv_len);
+    for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
+      for (size_t j = 0; j < kN32; ++j) {
+        const size_t x = I16ValCoord(vctx.i16.nib, v, j);
+        scr.vmap[v * kN32 + j] = x < d ? static_cast<uint32_t>(plain ? x : FastPos(x, d)) : UINT32_MAX;
+      }
+    }
+    const uint32_t* map = scr.vmap.data();
     for (size_t r = 0; r < task.num_rows; ++r) {
-      // int-asym values: plain domain, natural order, plus the zeros' share;
-      // TurboQuant values: the rotated accumulator in fast-MSE order.
-      const bool plain = vctx.i16.asym;
       const float* pv = scr.priv.data() + r * priv_len;
       float* dst = plain ? task.rows[r].acc : task.rows[r].accr;
-      for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
-        for (size_t j = 0; j < kN32; ++j) {
-          const size_t x = I16ValCoord(vctx.i16.nib, v, j);
-          if (x < d) dst[plain ? x : FastPos(x, d)] += pv[v * kN32 + j];
-        }
+      for (size_t i = 0; i < priv_len; ++i) {
+        if (map[i] != UINT32_MAX) dst[map[i]] += pv[i];
       }
       if (plain) {
         for (size_t x = 0; x < d; ++x) dst[x] += scr.zsum[r];
