@@ -489,6 +489,7 @@ struct AScratch {
   std::vector<float> zsum;    // per task row: int-asym values' weighted zeros
   std::vector<float> lsum;    // per task row: the softmax denominator's lanes (AttnRunImpl)
   std::vector<uint32_t> vmap; // integer value lanes -> accumulator positions (AttnRunImpl)
+  std::vector<uint32_t> kmap; // integer key lanes -> permuted query positions (PrepareQ16)
   std::vector<int16_t> qg16;  // group-scaled integer keys: per task row, the int16 query (GKeyCoord order)
   std::vector<float> qginv;   // ... and 1 / its scale
   std::vector<int16_t> qs16x;  // split keys: per task row, the int16 extended query
@@ -1092,13 +1093,18 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, bool lanes,
   const long qmax =
       std::min<long>(16383, 2147483647L / (4L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
   if (lanes) {
-    QueriesToI16(task, qmax, z.cscale, len, scr.q16, scr.qinv, scr, [&](const float* q, float qs, float* f) {
-      for (size_t v = 0; v < z.nvec_k; ++v) {
-        for (size_t w = 0; w < kN16; ++w) {
-          const size_t x = I16KeyCoord(z.nib, v, w);
-          f[v * kN16 + w] = x < d ? q[FastPos(x, d)] * qs : 0.0f;
-        }
+    // Where each lane reads the permuted query, worked out once a task
+    // (per element and row it showed in short decode calls).
+    scr.kmap.resize(len);
+    for (size_t v = 0; v < z.nvec_k; ++v) {
+      for (size_t w = 0; w < kN16; ++w) {
+        const size_t x = I16KeyCoord(z.nib, v, w);
+        scr.kmap[v * kN16 + w] = x < d ? static_cast<uint32_t>(FastPos(x, d)) : UINT32_MAX;
       }
+    }
+    const uint32_t* map = scr.kmap.data();
+    QueriesToI16(task, qmax, z.cscale, len, scr.q16, scr.qinv, scr, [&](const float* q, float qs, float* f) {
+      for (size_t i = 0; i < len; ++i) f[i] = map[i] != UINT32_MAX ? q[map[i]] * qs : 0.0f;
     });
   }
   if (z.qjl == 0) return;
