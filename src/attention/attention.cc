@@ -125,9 +125,15 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPre
   p->koff = 0.0f;
   if (kc == nullptr) return;
   if (kc->mean) {
-    double s = 0;
-    for (size_t j = 0; j < d; ++j) s += static_cast<double>(p->q[j]) * kc->mean[j];
-    p->koff = static_cast<float>(s);
+    // In double, four independent sums (one chain of dependent adds was
+    // half of a short decode call's row preparation).
+    double s4[4] = {0, 0, 0, 0};
+    size_t j = 0;
+    for (; j + 4 <= d; j += 4) {
+      for (size_t u = 0; u < 4; ++u) s4[u] += static_cast<double>(p->q[j + u]) * kc->mean[j + u];
+    }
+    for (; j < d; ++j) s4[0] += static_cast<double>(p->q[j]) * kc->mean[j];
+    p->koff = static_cast<float>((s4[0] + s4[1]) + (s4[2] + s4[3]));
   }
   if (kc->fmt == Fmt::kMse || kc->fmt == Fmt::kProd || kc->fmt == Fmt::kSplit) {
     p->qrot.assign(d, 0.0f);
