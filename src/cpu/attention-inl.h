@@ -179,10 +179,6 @@ HWY_INLINE void Scales16(const CodecPlan& plan, const uint8_t* p, size_t stride,
     return;
   }
   if (plan.scale_f16 && (lead || stride >= 4) && stride < (size_t{1} << 26)) {
-    const __mmask16 m = n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(static_cast<int>(stride)));
     __m512i g;
     if (n == 16) {
       // 16 broadcast loads merged lane by lane (two chains): no gather.
@@ -198,6 +194,10 @@ HWY_INLINE void Scales16(const CodecPlan& plan, const uint8_t* p, size_t stride,
       }
       g = _mm512_or_si512(g0, g1);
     } else {
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+      const __m512i idx = _mm512_mullo_epi32(
+          _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+          _mm512_set1_epi32(static_cast<int>(stride)));
       g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, lead ? p - 2 : p, 1);
     }
     if (lead) g = _mm512_srli_epi32(g, 16);
