@@ -119,7 +119,8 @@ HWY_INLINE float DenseScalar(Fmt f, const uint8_t* p, size_t j) {
 // was a quarter of decode time at 32K for 3-bit presets.
 // On x86 the rounding is one conversion to int32 (nearest, ties to even, as
 // Round; t in [-126, 0] cannot overflow) and one back, instead of Round plus
-// Highway's truncating conversion with its overflow fix-up (6 instructions).
+// Highway's truncating conversion with its overflow fix-up (two
+// instructions instead of six).
 HWY_INLINE AV SoftmaxExp(AF df, AV x, AV mlog2e) {
   const hn::RebindToSigned<AF> di;
   const AV t = hn::Max(hn::MulAdd(x, hn::Set(df, 1.44269504089f), mlog2e), hn::Set(df, -126.0f));
@@ -632,8 +633,9 @@ HWY_NOINLINE void ScoreDecodedT(const DecodeInfo& info, const attn::Seg& s, size
 // Rows ahead that the dense kernels prefetch while streaming K or V: the
 // hardware prefetcher alone left dense fp16 decode 14-20% slower.
 constexpr size_t kDenseAhead = 16;
-// ScoreTok's key rows are 32-48 bytes: 16 rows ahead (one block) was too
-// close (k3_v3 and k4_v4 at 32K, one thread: 5-6% slower than 64 ahead).
+// ScoreTok's key rows are 32-50 bytes: 16 rows ahead (one block) was too
+// close (32K, one thread, 2 KV heads, five alternations: k3_v3 1.225 against
+// 1.172 ms, k4_v4 1.250 against 1.225 ms with 64 ahead).
 constexpr size_t kTokAhead = 64;
 
 // Dense rows (fp16, bf16, fp32; d a multiple of kL): two tokens at a time
@@ -1979,12 +1981,9 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       const uint8_t* vr = s.v + t0 * s.v_stride;
       if (inrow) {
         load_rows(RowScaleMask(), kr, vr, nt, R);
-      } else {
-        load_rows(RowMask(), kr, vr, nt, R);
-      }
-      if (inrow) {
         TransposeRows<NW, true>(R, dw);
       } else {
+        load_rows(RowMask(), kr, vr, nt, R);
         TransposeRows<NW>(R, dw);
       }
     }
@@ -4372,8 +4371,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
           if (up) {
             const float mx = std::max(tail, hn::GetLane(hn::MaxOfLanes(df, mv)));
             const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
-            row.l *= corr;
-            row.lc *= corr;
+            row.lc *= corr;  // (row.l stays 0 until the task's end: its sum is in lsum)
             if (corr != 1.0f) {
               const AV cv = hn::Set(df, corr);
               hn::StoreU(hn::Mul(cv, hn::LoadU(df, lsv)), df, lsv);
@@ -4455,6 +4453,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       }
     }
   }
+  // The softmax denominators (row.l had nothing else added during the task).
   for (size_t r = 0; r < task.num_rows; ++r) {
     task.rows[r].l += hn::GetLane(hn::SumOfLanes(df, hn::LoadU(df, scr.lsum.data() + r * kL)));
   }
