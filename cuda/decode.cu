@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
+#include <utility>
 
 #include "internal.cuh"
 
@@ -37,6 +38,9 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNw = 4;  // warps per decode CTA
+#ifndef TQ_NS3
+#define TQ_NS3 4
+#endif
 
 enum : int { kVTq2 = 0, kVTq3 = 1, kVTq4 = 2, kVInt4 = 3, kVInt8 = 4 };
 
@@ -193,7 +197,7 @@ struct Cfg {
   // Staged kernel: CTAs a SM the register allocation aims at (5 = at most
   // 102 registers a thread). Only where ptxas fits that without spills
   // (head_dim 64; head_dim 128 with 2/3-bit keys and values up to 4 bits).
-  static constexpr int kMinCtas = D == 64 || (D == 128 && KB <= 3 && VC <= kVInt4) ? 5 : 1;
+  static constexpr int kMinCtas = D == 64 ? 5 : D == 128 && KB <= 3 && VC <= kVInt4 ? 4 : 1;
   static constexpr bool kVAligned = kVLut * 4 <= kTabAlign && (kVOff * 4) % (kVLut > 0 ? kVLut * 4 : 1) == 0;
 };
 
@@ -256,7 +260,8 @@ __device__ __forceinline__ void LoadTile(const Layer& L, const int32_t* bt, int 
 template <int D>
 struct WarpState {
   float acc[D / 16][4];
-  float m[2];
+  float m[2];   // running maxima of the thread's two heads (the warp agrees)
+  float mu[2];  // the weights' reference: m, or 0 while m is -inf
   float l[2];
 };
 
@@ -320,28 +325,33 @@ __device__ __forceinline__ void UpdateTile(const Raw<D, KB, VC>& cur, const floa
   using C = Cfg<D, KB, VC>;
   const int k0 = tb + g, k1 = tb + g + 8;
   const bool in0 = k0 >= start && k0 < len, in1 = k1 >= start && k1 < len;
-  float p[4];
-  float alpha[2];
-  bool moved = false;  // a running max of this thread's heads changed
+  // Online softmax with the reductions only where needed: each thread
+  // compares its two tokens' scores with the running maxima; only when one
+  // exceeds them anywhere in the warp (vote) are the tile maxima reduced
+  // over the 8 token lanes and the accumulators rescaled. Otherwise the
+  // maxima stay (the tile's true maxima are <= them: the same p, l and acc
+  // as with the reductions, bit for bit), and past the first tiles the warp
+  // skips the shuffles. ws.mu = the reference the weights use (0 while the
+  // max is -inf: nothing accumulated, p = exp2(-inf) = 0).
+  const float mt0 = fmaxf(sc[0], sc[2]), mt1 = fmaxf(sc[1], sc[3]);
+  if (__any_sync(kFull, mt0 > ws.m[0] || mt1 > ws.m[1])) {
+    float mt[2] = {mt0, mt1};
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    float mt = fmaxf(sc[j], sc[j + 2]);
-    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 4));
-    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 8));
-    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 16));
-    const float mn = fmaxf(ws.m[j], mt);
-    const float mu = mn == -INFINITY ? 0.f : mn;
-    alpha[j] = Exp2(ws.m[j] - mu);
-    p[j] = Exp2(sc[j] - mu);
-    p[j + 2] = Exp2(sc[j + 2] - mu);
-    ws.l[j] = ws.l[j] * alpha[j] + p[j] + p[j + 2];
-    moved |= mn != ws.m[j];
-    ws.m[j] = mn;
-  }
-  // Past the first tiles the running maxima rarely move: the accumulators
-  // are rescaled only when one of the warp's did (alpha = 1 otherwise; a
-  // max that stays -inf has nothing accumulated).
-  if (__any_sync(kFull, moved)) {
+    for (int j = 0; j < 2; ++j) {
+      mt[j] = fmaxf(mt[j], __shfl_xor_sync(kFull, mt[j], 4));
+      mt[j] = fmaxf(mt[j], __shfl_xor_sync(kFull, mt[j], 8));
+      mt[j] = fmaxf(mt[j], __shfl_xor_sync(kFull, mt[j], 16));
+    }
+    float alpha[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float mn = fmaxf(ws.m[j], mt[j]);
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      alpha[j] = Exp2(ws.m[j] - mu);  // 0 while nothing was accumulated
+      ws.l[j] *= alpha[j];
+      ws.m[j] = mn;
+      ws.mu[j] = mu;
+    }
 #pragma unroll
     for (int i = 0; i < C::kChunks; ++i) {
       ws.acc[i][0] *= alpha[0];
@@ -349,6 +359,13 @@ __device__ __forceinline__ void UpdateTile(const Raw<D, KB, VC>& cur, const floa
       ws.acc[i][2] *= alpha[0];
       ws.acc[i][3] *= alpha[1];
     }
+  }
+  float p[4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    p[j] = Exp2(sc[j] - ws.mu[j]);
+    p[j + 2] = Exp2(sc[j + 2] - ws.mu[j]);
+    ws.l[j] += p[j] + p[j + 2];
   }
   uint32_t pb0, pb1;
   if constexpr (C::kVTq) {
@@ -439,6 +456,7 @@ __device__ __forceinline__ void InitState(WarpState<D>& ws) {
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) ws.acc[i][0] = ws.acc[i][1] = ws.acc[i][2] = ws.acc[i][3] = 0.f;
   ws.m[0] = ws.m[1] = -INFINITY;
+  ws.mu[0] = ws.mu[1] = 0.f;
   ws.l[0] = ws.l[1] = 0.f;
 }
 
@@ -598,10 +616,6 @@ __global__ void __launch_bounds__(kNw * 32)
   FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
 }
 
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
 __device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpWait() {
@@ -631,26 +645,61 @@ struct Stage {
   // conversion-free int8 decode in ScoreTile, k8_v4 at B = 16, N = 32K went
   // from 0.363 to 0.242 ms and q8 from 0.448 to 0.348 ms (H200, run 7; the
   // two changes were measured together, not apart).
-  static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : 4;
+  static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : D == 128 ? TQ_NS3 : 4;
 };
 
-// The row of the tile's first token (block_size a multiple of 16: the
-// tile lies in one page).
-__device__ __forceinline__ long long TileRow(const Layer& L, int page, int h, int tb) {
-  return (static_cast<long long>(page) * L.H + h) * L.block_size + (tb & (L.block_size - 1));
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// Copies one tile (rows row0 .. row0 + 15 of every plane) into stage st:
-// lane copies the 16-byte chunks lane + 32 j of each plane. The code planes'
-// chunk counts are compile-time; the metadata planes take one pass (at most
-// 32 chunks each).
+// A lane's part of every tile copy, worked out once per warp: lane copies
+// the 16-byte chunks lane + 32 j of each plane of a tile; the metadata
+// planes take one pass (at most 32 chunks each). A tile then costs one wide
+// multiply-add a plane and the copies (its first row comes from TileRows).
+struct CopyPlan {
+  const uint8_t* kc;  // the lane's chunk of row 0 of each plane
+  const uint8_t* vc;
+  const uint8_t* km;
+  const uint8_t* vm;
+  int kmb, vmb;       // metadata bytes a row (= chunks a tile)
+  uint32_t dst;       // shared address of the lane's chunk in stage 0
+};
+
 template <int D, int KB, int VC>
-__device__ __forceinline__ void IssueTile(const Layer& L, long long row0, uint8_t* st, int lane) {
+__device__ __forceinline__ CopyPlan MakeCopyPlan(const Layer& L, const uint8_t* stages, int lane) {
+  static_assert(Stage<D, KB, VC>::kKM <= 32 && Stage<D, KB, VC>::kVM <= 32, "metadata of a tile in one pass");
+  CopyPlan c;
+  c.kc = L.k.codes + 16 * lane;
+  c.vc = L.v.codes + 16 * lane;
+  c.km = L.k.meta + 16 * lane;
+  c.vm = L.v.meta + 16 * lane;
+  c.kmb = L.k.meta_bytes;
+  c.vmb = L.v.meta_bytes;
+  c.dst = static_cast<uint32_t>(__cvta_generic_to_shared(stages)) + 16u * static_cast<uint32_t>(lane);
+  return c;
+}
+
+// The first rows of 32 consecutive tiles of this warp, one a lane: lane j
+// holds tile k0 + j's (0 past the last tile). A tile's row is then one
+// shuffle instead of a block-table load and its address arithmetic. Rows
+// fit 32 bits (DeviceLayer::Create refuses larger pools).
+__device__ __forceinline__ uint32_t TileRows(const Layer& L, const int32_t* bt, int h, int first, int n, int k0,
+                                             int lane) {
+  const int k = k0 + lane;
+  if (k >= n) return 0u;
+  const int tb = first + 16 * kNw * k;
+  const uint32_t page = static_cast<uint32_t>(__ldg(bt + (tb >> L.log2_block)));
+  return (page * static_cast<uint32_t>(L.H) + static_cast<uint32_t>(h)) * static_cast<uint32_t>(L.block_size) +
+         static_cast<uint32_t>(tb & (L.block_size - 1));
+}
+
+// Copies one tile (rows row0 .. row0 + 15 of every plane) into stage `slot`.
+template <int D, int KB, int VC>
+__device__ __forceinline__ void IssueTile(const CopyPlan& c, uint32_t row0, int slot, int lane) {
   using S = Stage<D, KB, VC>;
-  static_assert(S::kKM <= 32 && S::kVM <= 32, "metadata of a tile in one pass");
-  const uint8_t* kc = L.k.codes + row0 * S::kKS + 16 * lane;
-  const uint8_t* vc = L.v.codes + row0 * S::kVS + 16 * lane;
-  uint8_t* d = st + 16 * lane;
+  const uint8_t* kc = c.kc + static_cast<unsigned long long>(row0) * S::kKS;
+  const uint8_t* vc = c.vc + static_cast<unsigned long long>(row0) * S::kVS;
+  const uint32_t d = c.dst + static_cast<uint32_t>(slot * S::kBytes);
 #pragma unroll
   for (int j = 0; j < (S::kKS + 31) / 32; ++j) {
     if (S::kKS % 32 == 0 || lane + 32 * j < S::kKS) CpAsync16(d + S::kKOff + 512 * j, kc + 512 * j);
@@ -659,24 +708,112 @@ __device__ __forceinline__ void IssueTile(const Layer& L, long long row0, uint8_
   for (int j = 0; j < (S::kVS + 31) / 32; ++j) {
     if (S::kVS % 32 == 0 || lane + 32 * j < S::kVS) CpAsync16(d + S::kVOff + 512 * j, vc + 512 * j);
   }
-  const int km = L.k.meta_bytes, vm = L.v.meta_bytes;  // chunks of a tile (<= S::kKM, S::kVM)
-  if (lane < km) CpAsync16(d + S::kKMOff, L.k.meta + row0 * km + 16 * lane);
-  if (lane < vm) CpAsync16(d + S::kVMOff, L.v.meta + row0 * vm + 16 * lane);
+  if (lane < c.kmb) CpAsync16(d + S::kKMOff, c.km + static_cast<unsigned long long>(row0) * c.kmb);
+  if (lane < c.vmb) CpAsync16(d + S::kVMOff, c.vm + static_cast<unsigned long long>(row0) * c.vmb);
 }
 
-// A tile's fragments from its stage: the key part (codes and scales) and
-// the value part (codes, scales or scale/zero pairs).
+// Shared-memory loads at a 32-bit shared address plus a compile-time offset
+// (volatile: they stay behind the cp.async wait and the warp barrier).
+template <int OFF>
+__device__ __forceinline__ uint32_t Lds16(uint32_t a) {
+  unsigned short r;
+  asm volatile("ld.shared.u16 %0, [%1+%2];" : "=h"(r) : "r"(a), "n"(OFF));
+  return r;
+}
+template <int OFF>
+__device__ __forceinline__ uint32_t Lds8(uint32_t a) {
+  unsigned short r;
+  asm volatile("ld.shared.u8 %0, [%1+%2];" : "=h"(r) : "r"(a), "n"(OFF));
+  return r;
+}
+
+template <int OFF>
+__device__ __forceinline__ uint32_t Lds32(uint32_t a) {
+  uint32_t r;
+  asm volatile("ld.shared.u32 %0, [%1+%2];" : "=r"(r) : "r"(a), "n"(OFF));
+  return r;
+}
+template <int OFF>
+__device__ __forceinline__ void Lds64(uint32_t a, uint32_t& x, uint32_t& y) {
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];" : "=r"(x), "=r"(y) : "r"(a), "n"(OFF));
+}
+template <int OFF>
+__device__ __forceinline__ void Lds128(uint32_t a, uint32_t& x, uint32_t& y, uint32_t& z, uint32_t& w) {
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4+%5];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a), "n"(OFF));
+}
+
+// LoadBytes from shared memory: N bytes at a + OFF, aligned as LoadBytes.
+template <int N, int OFF>
+__device__ __forceinline__ Bytes<N> LoadBytesS(uint32_t a) {
+  Bytes<N> b;
+  if constexpr (N % 16 == 0) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      (Lds128<OFF + 16 * I>(a, b.w[4 * I], b.w[4 * I + 1], b.w[4 * I + 2], b.w[4 * I + 3]), ...);
+    }(std::make_integer_sequence<int, N / 16>{});
+  } else if constexpr (N % 8 == 0) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      (Lds64<OFF + 8 * I>(a, b.w[2 * I], b.w[2 * I + 1]), ...);
+    }(std::make_integer_sequence<int, N / 8>{});
+  } else if constexpr (N % 4 == 0) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((b.w[I] = Lds32<OFF + 4 * I>(a)), ...);
+    }(std::make_integer_sequence<int, N / 4>{});
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((b.w[I / 2] |= Lds16<OFF + 2 * I>(a) << (16 * (I % 2))), ...);
+    }(std::make_integer_sequence<int, N / 2>{});
+  } else {
+#pragma unroll
+    for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((b.w[I / 4] |= Lds8<OFF + I>(a) << (8 * (I % 4))), ...);
+    }(std::make_integer_sequence<int, N>{});
+  }
+  return b;
+}
+
+// A lane's shared addresses in stage 0 for reading a tile's fragments:
+// key row g (row g + 8 at + 8 kKS), its scale (TurboQuant keys), value row
+// 2t (rows 2t + 1, 2t + 8, 2t + 9 at + kVS, 8 kVS, 9 kVS). Worked out once
+// and kept opaque to the compiler (which otherwise rebuilt them from the
+// thread index every tile).
+struct ReadPlan {
+  uint32_t k, ks, v;
+};
+
 template <int D, int KB, int VC>
-__device__ __forceinline__ void ReadTileK(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
+__device__ __forceinline__ ReadPlan MakeReadPlan(const uint8_t* stages, int g, int t) {
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(stages));
+  ReadPlan p;
+  p.k = base + S::kKOff + g * S::kKS + t * C::kKBytes;
+  p.ks = base + 2 * g;
+  p.v = base + S::kVOff + 2 * t * S::kVS + g * C::kVBytes;
+  asm volatile("" : "+r"(p.k), "+r"(p.ks), "+r"(p.v));
+  return p;
+}
+
+// A tile's fragments from its stage (`so` = the stage's byte offset from
+// stage 0; `st` its generic address for the group-integer metadata): the
+// key part (codes and scales) and the value part (codes, scales or
+// scale/zero pairs).
+template <int D, int KB, int VC>
+__device__ __forceinline__ void ReadTileK(const Layer& L, const ReadPlan& rp, uint32_t so, const uint8_t* st, int g,
+                                          int t, Raw<D, KB, VC>& r) {
+  using C = Cfg<D, KB, VC>;
+  using S = Stage<D, KB, VC>;
+  r.k[0] = LoadBytesS<C::kKBytes, 0>(rp.k + so);
+  r.k[1] = LoadBytesS<C::kKBytes, 8 * S::kKS>(rp.k + so);
+  if constexpr (C::kKTq) {
+    r.ks[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kKMOff>(rp.ks + so))));
+    r.ks[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kKMOff + 16>(rp.ks + so))));
+  } else {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = g + 8 * i;
-    r.k[i] = LoadBytes<C::kKBytes, false>(st + S::kKOff + row * S::kKS + t * C::kKBytes);
-    if constexpr (C::kKTq) {
-      r.ks[i] = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(st + S::kKMOff + 2 * row)));
-    } else {
+    for (int i = 0; i < 2; ++i) {
+      const int row = g + 8 * i;
       const unsigned short* m = reinterpret_cast<const unsigned short*>(st + S::kKMOff + row * L.k.meta_bytes);
       const int c0 = t * (D / 4);
       r.kss[i] = static_cast<uint32_t>(m[c0 / L.k.group]) | (static_cast<uint32_t>(m[(c0 + D / 4 - 1) / L.k.group]) << 16);
@@ -685,20 +822,22 @@ __device__ __forceinline__ void ReadTileK(const Layer& L, const uint8_t* st, int
 }
 
 template <int D, int KB, int VC>
-__device__ __forceinline__ void ReadTileV(const Layer& L, const uint8_t* st, int g, int t, Raw<D, KB, VC>& r) {
+__device__ __forceinline__ void ReadTileV(const Layer& L, const ReadPlan& rp, uint32_t so, const uint8_t* st, int g,
+                                          int t, Raw<D, KB, VC>& r) {
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
   if constexpr (C::kVTq) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      r.vs[i] = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(st + S::kVMOff + 2 * (g + 8 * i))));
-    }
+    r.vs[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kVMOff>(rp.ks + so))));
+    r.vs[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kVMOff + 16>(rp.ks + so))));
   }
+  r.v[0] = LoadBytesS<C::kVBytes, 0>(rp.v + so);
+  r.v[1] = LoadBytesS<C::kVBytes, S::kVS>(rp.v + so);
+  r.v[2] = LoadBytesS<C::kVBytes, 8 * S::kVS>(rp.v + so);
+  r.v[3] = LoadBytesS<C::kVBytes, 9 * S::kVS>(rp.v + so);
+  if constexpr (!C::kVTq) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = 2 * t + (i & 1) + (i >> 1) * 8;
-    r.v[i] = LoadBytes<C::kVBytes, false>(st + S::kVOff + row * S::kVS + g * C::kVBytes);
-    if constexpr (!C::kVTq) {
+    for (int i = 0; i < 4; ++i) {
+      const int row = 2 * t + (i & 1) + (i >> 1) * 8;
       const int gi = (g * (D / 8)) / L.v.group;
       r.vsz[i] = *reinterpret_cast<const uint32_t*>(st + S::kVMOff + row * L.v.meta_bytes + 4 * gi);
     }
@@ -726,15 +865,13 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
   const int32_t* bt = sp.bt;
   // This warp's tiles: tb_k = first + k * 16 * kNw, k = 0 .. n-1.
   const int n = first < t1 ? (t1 - first + 16 * kNw - 1) / (16 * kNw) : 0;
-  // Tile k's page: bt[tb_k >> log2_block]; the page of the next tile to
-  // issue is loaded one iteration ahead, so its latency hides behind a tile.
-  auto page_of = [&](int k) { return __ldg(bt + ((first + 16 * kNw * k) >> L.log2_block)); };
+  const CopyPlan cp = MakeCopyPlan<D, KB, VC>(L, stages, lane);
+  uint32_t rows = TileRows(L, bt, h, first, n, 0, lane);  // tiles 32 m .. 32 m + 31 (lane j: 32 m + j)
 #pragma unroll
   for (int k = 0; k < NS - 1; ++k) {
-    if (k < n) IssueTile<D, KB, VC>(L, TileRow(L, page_of(k), h, first + 16 * kNw * k), stages + k * S::kBytes, lane);
+    if (k < n) IssueTile<D, KB, VC>(cp, __shfl_sync(kFull, rows, k), k, lane);
     CpCommit();
   }
-  int next_page = NS - 1 < n ? page_of(NS - 1) : 0;
   BuildTables<D, KB, VC>(L, klut, vlut);
   uint32_t qf[D / 8];
   LoadQuery<D>(s, qrot, b, h, g, t, qf);
@@ -744,20 +881,30 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
   WarpState<D> ws;
   InitState<D>(ws);
   const uint32_t lane4 = 4u * static_cast<uint32_t>(lane);
-  const uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + lane4;
-  const uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + lane4;
+  uint32_t kl = static_cast<uint32_t>(__cvta_generic_to_shared(klut)) + lane4;
+  uint32_t vl = static_cast<uint32_t>(__cvta_generic_to_shared(vlut)) + lane4;
+  // Opaque to the compiler from here: kept in a register instead of being
+  // rebuilt from the thread index and the table's alignment every tile.
+  asm volatile("" : "+r"(kl));
+  if constexpr (C::kShareLut) {
+    vl = kl;
+  } else {
+    asm volatile("" : "+r"(vl));
+  }
+  const ReadPlan rp = MakeReadPlan<D, KB, VC>(stages, g, t);
   for (int k = 0; k < n; ++k) {
     const int kn = k + NS - 1;
     if (kn < n) {
-      IssueTile<D, KB, VC>(L, TileRow(L, next_page, h, first + 16 * kNw * kn), stages + (kn % NS) * S::kBytes, lane);
-      if (kn + 1 < n) next_page = page_of(kn + 1);
+      if ((kn & 31) == 0) rows = TileRows(L, bt, h, first, n, kn, lane);
+      IssueTile<D, KB, VC>(cp, __shfl_sync(kFull, rows, kn & 31), kn % NS, lane);
     }
     CpCommit();
     CpWait<NS - 1>();
     __syncwarp();
     Raw<D, KB, VC> cur;
-    ReadTileK<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
-    ReadTileV<D, KB, VC>(L, stages + (k % NS) * S::kBytes, g, t, cur);
+    const uint32_t so = static_cast<uint32_t>((k % NS) * S::kBytes);
+    ReadTileK<D, KB, VC>(L, rp, so, stages + so, g, t, cur);
+    ReadTileV<D, KB, VC>(L, rp, so, stages + so, g, t, cur);
     __syncwarp();  // the stage is refilled by the next iteration's copies
     ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
   }

@@ -323,6 +323,10 @@ Result<DeviceLayer> DeviceLayer::Create(const PagedKVCache& like, size_t layer, 
   if (num_blocks > (size_t{1} << 30)) {
     return InvalidArgumentError("num_blocks must be in 1..2^30, got " + Str(num_blocks));
   }
+  if (num_blocks * H * bs > size_t{0xFFFFFFFF}) {  // the decode kernels index rows in 32 bits
+    return InvalidArgumentError("num_blocks x kv_heads x block_size (rows of a plane) must be below 2^32, got " +
+                                Str(num_blocks) + " x " + Str(H) + " x " + Str(bs));
+  }
   auto impl = std::make_unique<Impl>();
   impl->kfmt = kf;
   impl->vfmt = vf;
