@@ -224,6 +224,18 @@ TEST(CudaSupport, SupportedLayerWithoutDeviceFailsCleanly) {
   EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition) << l.status().ToString();
 }
 
+TEST(CudaSupport, PoolsBeyondTheRowIndexAreRefused) {
+  REQUIRE_GPU();
+  // 8 KV heads x block 16: 2^28 blocks are 2^35 rows, beyond the decode
+  // kernels' 32-bit row index; refused before anything is allocated.
+  PagedKVCache host = MakeCache("k3_v3", 8, 128, 16, 4, false, 1);
+  Result<DeviceLayer> big = DeviceLayer::Create(host, 0, size_t{1} << 28);
+  EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument) << big.status().ToString();
+  EXPECT_NE(big.status().message().find("below 2^32"), std::string::npos) << big.status().message();
+  Result<DeviceLayer> huge = DeviceLayer::Create(host, 0, (size_t{1} << 30) + 1);
+  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument) << huge.status().ToString();
+}
+
 // ---------------------------------------------------------------------------
 // Write kernel: bytes identical to the CPU encoder.
 struct WriteCase {

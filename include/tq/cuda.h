@@ -131,7 +131,9 @@ class DeviceLayer {
  public:
   // Formats, codecs (rotation signs, codebooks) and means of `layer` of the
   // host cache `like`; the device pool has `num_blocks` pages of the host
-  // cache's block size (0 = the host pool's size). Fails when the layer's
+  // cache's block size (0 = the host pool's size; at most 2^30 pages and
+  // fewer than 2^32 rows, pages x kv_heads x block_size, since the decode
+  // kernels index rows in 32 bits). Fails when the layer's
   // formats are not supported (IsSupported). Planes are allocated (zeroed)
   // unless `allocate_planes` is false; then call BorrowPlanes.
   static Result<DeviceLayer> Create(const PagedKVCache& like, size_t layer,
