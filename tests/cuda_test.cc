@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -364,19 +365,18 @@ struct DecodeCase {
 
 class CudaDecode : public ::testing::TestWithParam<DecodeCase> {};
 
-TEST_P(CudaDecode, MatchesCpuPagedDecode) {
-  REQUIRE_GPU();
-  const DecodeCase& c = GetParam();
-  const size_t H = 2, hq = H * c.gqa;
-  const std::vector<size_t> lengths = {1, 45, 333, 2100};
-  size_t blocks = 8;
-  for (size_t l : lengths) blocks += (l + c.bs - 1) / c.bs;
-  PagedKVCache cpu = MakeCache(c.preset, H, c.d, c.bs, blocks, c.means, 21);
-  Seqs s = Reserve({&cpu}, lengths, false);
-  const size_t T = s.slots.size();
-  std::vector<float> k = Rows(T * H, c.d, 31), v = Rows(T * H, c.d, 32);
-  ASSERT_TRUE(cpu.WriteSlots(0, k, v, s.slots).ok());
-  const size_t B = lengths.size();
+// GPU decode vs the CPU paged decode of the same pages, per sequence.
+// `min_tiles` > 0: also checks that the plan gives a warp more than that many
+// 16-token tiles in one split (the kernel reads block tables 32 tiles at a
+// time).
+// The comparison on a filled cache `cpu` whose planes `layer` holds too.
+void CompareDecode(const DecodeCase& c, size_t H, const PagedKVCache& cpu, const DeviceLayer& dl_layer,
+                   const Seqs& s, size_t min_tiles) {
+  const size_t hq = H * c.gqa;
+  const size_t B = s.lens.size();
+  const size_t max_len = static_cast<size_t>(*std::max_element(s.lens.begin(), s.lens.end()));
+  const std::vector<int32_t>& lengths = s.lens;
+  const DeviceLayer* layer = &dl_layer;
   std::vector<float> q = Rows(B * hq, c.d, 33);
   for (float& x : q) x *= 0.6f;
   std::vector<uint8_t> qb = ToDtype(q, c.qt);  // the CPU sees the rounded queries
@@ -386,11 +386,11 @@ TEST_P(CudaDecode, MatchesCpuPagedDecode) {
   std::vector<float> want(q.size());
   ASSERT_TRUE(PagedDecodeAttention(*cpu.View(0), hq, s.tables, s.max_blocks, s.lens, q, want, o).ok());
 
-  Result<DeviceLayer> layer = DeviceLayer::Create(cpu, 0);
-  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
-  ASSERT_TRUE(layer->CopyFromHost(cpu, 0).ok());
-  Result<DecodePlan> plan = layer->PlanDecode(B, hq, 2100);
+  Result<DecodePlan> plan = layer->PlanDecode(B, hq, max_len);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  if (min_tiles > 0) {
+    ASSERT_GT(plan->tokens_per_split / 64, min_tiles) << "splits " << plan->splits << " of " << plan->tokens_per_split;
+  }
   Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes);
   ASSERT_TRUE(ws.ok());
   DeviceBuffer dq = Upload(qb.data(), qb.size());
@@ -409,7 +409,7 @@ TEST_P(CudaDecode, MatchesCpuPagedDecode) {
   a.block_tables = static_cast<const int32_t*>(dt.data());
   a.max_blocks_per_seq = s.max_blocks;
   a.seq_lens = static_cast<const int32_t*>(dl.data());
-  a.max_seq_len = 2100;
+  a.max_seq_len = max_len;
   a.window = c.window;
   a.workspace = ws->data();
   a.workspace_bytes = ws->size();
@@ -432,6 +432,61 @@ TEST_P(CudaDecode, MatchesCpuPagedDecode) {
     std::vector<float> wb(want.begin() + b * hq * c.d, want.begin() + (b + 1) * hq * c.d);
     EXPECT_LE(Nmse(gb, wb), 1e-5) << c.preset << " d" << c.d << " gqa" << c.gqa << " bs" << c.bs << " window "
                                   << c.window << " sequence " << b << " (length " << lengths[b] << ")";
+  }
+}
+
+TEST_P(CudaDecode, MatchesCpuPagedDecode) {
+  REQUIRE_GPU();
+  const DecodeCase& c = GetParam();
+  const size_t H = 2;
+  const std::vector<size_t> lengths = {1, 45, 333, 2100};
+  size_t blocks = 8;
+  for (size_t l : lengths) blocks += (l + c.bs - 1) / c.bs;
+  PagedKVCache cpu = MakeCache(c.preset, H, c.d, c.bs, blocks, c.means, 21);
+  Seqs s = Reserve({&cpu}, lengths, false);
+  const size_t T = s.slots.size();
+  std::vector<float> k = Rows(T * H, c.d, 31), v = Rows(T * H, c.d, 32);
+  ASSERT_TRUE(cpu.WriteSlots(0, k, v, s.slots).ok());
+  Result<DeviceLayer> layer = DeviceLayer::Create(cpu, 0);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  ASSERT_TRUE(layer->CopyFromHost(cpu, 0).ok());
+  CompareDecode(c, H, cpu, *layer, s, 0);
+}
+
+// Many (sequence, KV head) pairs and long sequences: the plan takes one
+// split of 4,224 tokens, 66 tiles a warp, so the kernel's block-table reads
+// (32 tiles at a time) run past their first batch; with and without a
+// window. 230K tokens x 8 heads: the pages are written on the GPU (1,000
+// distinct rows, chunk after chunk; the write kernel's bytes equal the
+// CPU encoder's, CudaWrite) and copied to the CPU cache for the reference.
+TEST(CudaDecodeLong, SplitsOfManyTilesPerWarp) {
+  REQUIRE_GPU();
+  const size_t H = 8, D = 128, bs = 16, R = 1000;  // R: distinct rows, not a divisor of 2,048 tokens
+  std::vector<size_t> lengths;
+  for (size_t b = 0; b < 64; ++b) lengths.push_back(b == 0 ? 4200 : 3000 + (b * 37) % 1200);
+  size_t blocks = 8;
+  for (size_t l : lengths) blocks += (l + bs - 1) / bs;
+  std::vector<float> k = Rows(R * H, D, 41), v = Rows(R * H, D, 42);
+  std::vector<uint8_t> kb = ToDtype(k, DType::kF16), vb = ToDtype(v, DType::kF16);
+  DeviceBuffer dk = Upload(kb.data(), kb.size()), dv = Upload(vb.data(), vb.size());
+  for (const char* preset : {"k3_v3", "k4_v4"}) {
+    const bool means = std::string(preset) == "k4_v4";
+    PagedKVCache cpu = MakeCache(preset, H, D, bs, blocks, means, 21);
+    Seqs s = Reserve({&cpu}, lengths, false);
+    Result<DeviceLayer> layer = DeviceLayer::Create(cpu, 0);
+    ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+    DeviceBuffer ds = Upload(s.slots.data(), s.slots.size() * 8);
+    for (size_t o = 0; o < s.slots.size(); o += R) {
+      const size_t n = std::min(R, s.slots.size() - o);
+      ASSERT_TRUE(layer->WriteSlots(dk.data(), dv.data(), DType::kF16, n,
+                                    static_cast<const int64_t*>(ds.data()) + o).ok());
+    }
+    Result<WriteErrors> e = layer->TakeErrors();
+    ASSERT_TRUE(e.ok() && e->ok()) << preset;
+    ASSERT_TRUE(layer->CopyToHost(cpu, 0).ok());
+    for (size_t window : {size_t{0}, size_t{2500}}) {
+      CompareDecode({preset, D, 4, bs, window, means, DType::kF16, DType::kF32}, H, cpu, *layer, s, 32);
+    }
   }
 }
 
