@@ -70,26 +70,23 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Loads N bytes (N = 2..32) starting at p into little-endian words; p is
-// aligned to the largest power of two (<= 16) dividing N.
+// N bytes (N = 2..32) as little-endian words.
 template <int N>
 struct Bytes {
   static constexpr int kWords = (N + 3) / 4;
   uint32_t w[kWords];
 };
 
-template <typename U>
-__device__ __forceinline__ U Ld(const U* p, bool global) {
-  return global ? __ldg(p) : *p;
-}
-
-template <int N, bool kGlobal = true>
+// Loads N bytes of global memory starting at p (read-only path); p is
+// aligned to the largest power of two (<= 16) dividing N. (Shared memory:
+// LoadBytesS.)
+template <int N>
 __device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
   Bytes<N> b;
   if constexpr (N % 16 == 0) {
 #pragma unroll
     for (int i = 0; i < N / 16; ++i) {
-      const uint4 v = Ld(reinterpret_cast<const uint4*>(p) + i, kGlobal);
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
       b.w[4 * i] = v.x;
       b.w[4 * i + 1] = v.y;
       b.w[4 * i + 2] = v.z;
@@ -98,26 +95,26 @@ __device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
   } else if constexpr (N % 8 == 0) {
 #pragma unroll
     for (int i = 0; i < N / 8; ++i) {
-      const uint2 v = Ld(reinterpret_cast<const uint2*>(p) + i, kGlobal);
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
       b.w[2 * i] = v.x;
       b.w[2 * i + 1] = v.y;
     }
   } else if constexpr (N % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) b.w[i] = Ld(reinterpret_cast<const uint32_t*>(p) + i, kGlobal);
+    for (int i = 0; i < N / 4; ++i) b.w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
   } else if constexpr (N % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      const uint32_t h = Ld(reinterpret_cast<const unsigned short*>(p) + i, kGlobal);
+      const uint32_t h = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
       b.w[i / 2] |= h << (16 * (i % 2));
     }
   } else {
 #pragma unroll
     for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
 #pragma unroll
-    for (int i = 0; i < N; ++i) b.w[i / 4] |= static_cast<uint32_t>(Ld(p + i, kGlobal)) << (8 * (i % 4));
+    for (int i = 0; i < N; ++i) b.w[i / 4] |= static_cast<uint32_t>(__ldg(p + i)) << (8 * (i % 4));
   }
   return b;
 }
