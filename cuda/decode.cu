@@ -38,9 +38,6 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNw = 4;  // warps per decode CTA
-#ifndef TQ_NS3
-#define TQ_NS3 4
-#endif
 
 enum : int { kVTq2 = 0, kVTq3 = 1, kVTq4 = 2, kVInt4 = 3, kVInt8 = 4 };
 
@@ -192,8 +189,10 @@ struct Cfg {
   static constexpr int kVOff = kShareLut ? 0 : kKLut;  // word offset of the value table
   static constexpr bool kKAligned = kKLut * 4 <= kTabAlign;
   // Staged kernel: CTAs a SM the register allocation aims at (5 = at most
-  // 102 registers a thread). Only where ptxas fits that without spills
-  // (head_dim 64; head_dim 128 with 2/3-bit keys and values up to 4 bits).
+  // 102 registers a thread, 4 = 128). head_dim 64 fits 5 without spills;
+  // head_dim 128 with 2/3-bit keys and values up to 4 bits takes 4: at 5 it
+  // kept a spill in the loop and rebuilt addresses every tile, and 4 measured
+  // 1.06-1.08x faster (k3_v3, k3_v4 at B = 16, N = 32K; H100, run 12).
   static constexpr int kMinCtas = D == 64 ? 5 : D == 128 && KB <= 3 && VC <= kVInt4 ? 4 : 1;
   static constexpr bool kVAligned = kVLut * 4 <= kTabAlign && (kVOff * 4) % (kVLut > 0 ? kVLut * 4 : 1) == 0;
 };
@@ -641,8 +640,10 @@ struct Stage {
   // keys (rows of 128 bytes at d 128) also take 2 stages: together with the
   // conversion-free int8 decode in ScoreTile, k8_v4 at B = 16, N = 32K went
   // from 0.363 to 0.242 ms and q8 from 0.448 to 0.348 ms (H200, run 7; the
-  // two changes were measured together, not apart).
-  static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : D == 128 ? TQ_NS3 : 4;
+  // two changes were measured together, not apart). At head_dim 128 with
+  // 2/3-bit keys (4 CTAs a SM), 3 stages measured the same as 4 and 6
+  // slower (k3_v3 B = 16, N = 32K: 0.1938 vs 0.1905 ms; H100, run 12).
+  static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : 4;
 };
 
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
