@@ -74,46 +74,123 @@ struct Bytes {
   uint32_t w[kWords];
 };
 
-// Loads N bytes of global memory starting at p (read-only path); p is
-// aligned to the largest power of two (<= 16) dividing N. (Shared memory:
-// LoadBytesS.)
-template <int N>
-__device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
+// Shared-memory loads at a 32-bit shared address plus a compile-time offset
+// (volatile: they stay behind the cp.async wait and the warp barrier).
+template <int OFF>
+__device__ __forceinline__ uint32_t Lds16(uint32_t a) {
+  unsigned short r;
+  asm volatile("ld.shared.u16 %0, [%1+%2];" : "=h"(r) : "r"(a), "n"(OFF));
+  return r;
+}
+template <int OFF>
+__device__ __forceinline__ uint32_t Lds8(uint32_t a) {
+  unsigned short r;
+  asm volatile("ld.shared.u8 %0, [%1+%2];" : "=h"(r) : "r"(a), "n"(OFF));
+  return r;
+}
+
+template <int OFF>
+__device__ __forceinline__ uint32_t Lds32(uint32_t a) {
+  uint32_t r;
+  asm volatile("ld.shared.u32 %0, [%1+%2];" : "=r"(r) : "r"(a), "n"(OFF));
+  return r;
+}
+template <int OFF>
+__device__ __forceinline__ void Lds64(uint32_t a, uint32_t& x, uint32_t& y) {
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];" : "=r"(x), "=r"(y) : "r"(a), "n"(OFF));
+}
+template <int OFF>
+__device__ __forceinline__ void Lds128(uint32_t a, uint32_t& x, uint32_t& y, uint32_t& z, uint32_t& w) {
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4+%5];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a), "n"(OFF));
+}
+
+// Loads N bytes at offset OFF of a loader's base into little-endian words,
+// by the widest loads the alignment allows (the base is aligned to the
+// largest power of two <= 16 dividing N, and OFF keeps that alignment).
+// Loaders: GlobalLd (read-only global path) and SharedLd (ld.shared at
+// compile-time offsets, behind the cp.async wait).
+template <int N, int OFF, class Ld>
+__device__ __forceinline__ Bytes<N> LoadBytesWith(const Ld& ld) {
   Bytes<N> b;
   if constexpr (N % 16 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 16; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-      b.w[4 * i] = v.x;
-      b.w[4 * i + 1] = v.y;
-      b.w[4 * i + 2] = v.z;
-      b.w[4 * i + 3] = v.w;
-    }
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      (ld.template W128<OFF + 16 * I>(b.w[4 * I], b.w[4 * I + 1], b.w[4 * I + 2], b.w[4 * I + 3]), ...);
+    }(std::make_integer_sequence<int, N / 16>{});
   } else if constexpr (N % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
-      b.w[2 * i] = v.x;
-      b.w[2 * i + 1] = v.y;
-    }
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      (ld.template W64<OFF + 8 * I>(b.w[2 * I], b.w[2 * I + 1]), ...);
+    }(std::make_integer_sequence<int, N / 8>{});
   } else if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) b.w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((b.w[I] = ld.template W32<OFF + 4 * I>()), ...);
+    }(std::make_integer_sequence<int, N / 4>{});
   } else if constexpr (N % 2 == 0) {
 #pragma unroll
     for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const uint32_t h = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
-      b.w[i / 2] |= h << (16 * (i % 2));
-    }
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((b.w[I / 2] |= ld.template W16<OFF + 2 * I>() << (16 * (I % 2))), ...);
+    }(std::make_integer_sequence<int, N / 2>{});
   } else {
 #pragma unroll
     for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) b.w[i / 4] |= static_cast<uint32_t>(__ldg(p + i)) << (8 * (i % 4));
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((b.w[I / 4] |= ld.template W8<OFF + I>() << (8 * (I % 4))), ...);
+    }(std::make_integer_sequence<int, N>{});
   }
   return b;
+}
+
+struct GlobalLd {
+  const uint8_t* p;
+  template <int O>
+  __device__ __forceinline__ void W128(uint32_t& x, uint32_t& y, uint32_t& z, uint32_t& w) const {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p + O));
+    x = v.x, y = v.y, z = v.z, w = v.w;
+  }
+  template <int O>
+  __device__ __forceinline__ void W64(uint32_t& x, uint32_t& y) const {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p + O));
+    x = v.x, y = v.y;
+  }
+  template <int O>
+  __device__ __forceinline__ uint32_t W32() const { return __ldg(reinterpret_cast<const uint32_t*>(p + O)); }
+  template <int O>
+  __device__ __forceinline__ uint32_t W16() const { return __ldg(reinterpret_cast<const unsigned short*>(p + O)); }
+  template <int O>
+  __device__ __forceinline__ uint32_t W8() const { return __ldg(p + O); }
+};
+
+struct SharedLd {
+  uint32_t a;
+  template <int O>
+  __device__ __forceinline__ void W128(uint32_t& x, uint32_t& y, uint32_t& z, uint32_t& w) const {
+    Lds128<O>(a, x, y, z, w);
+  }
+  template <int O>
+  __device__ __forceinline__ void W64(uint32_t& x, uint32_t& y) const { Lds64<O>(a, x, y); }
+  template <int O>
+  __device__ __forceinline__ uint32_t W32() const { return Lds32<O>(a); }
+  template <int O>
+  __device__ __forceinline__ uint32_t W16() const { return Lds16<O>(a); }
+  template <int O>
+  __device__ __forceinline__ uint32_t W8() const { return Lds8<O>(a); }
+};
+
+// N bytes of global memory at p (LoadTile) / of shared memory at a + OFF
+// (ReadTileK/V).
+template <int N>
+__device__ __forceinline__ Bytes<N> LoadBytes(const uint8_t* p) {
+  return LoadBytesWith<N, 0>(GlobalLd{p});
+}
+template <int N, int OFF>
+__device__ __forceinline__ Bytes<N> LoadBytesS(uint32_t a) {
+  return LoadBytesWith<N, OFF>(SharedLd{a});
+}
+
+// An fp16 scale at a + OFF as a float.
+template <int OFF>
+__device__ __forceinline__ float LdsHalf(uint32_t a) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<OFF>(a))));
 }
 
 // Bits [o, o + n) of the word array (o, n compile-time after unrolling).
@@ -710,68 +787,6 @@ __device__ __forceinline__ void IssueTile(const CopyPlan& c, uint32_t row0, int 
   if (lane < c.vmb) CpAsync16(d + S::kVMOff, c.vm + static_cast<unsigned long long>(row0) * c.vmb);
 }
 
-// Shared-memory loads at a 32-bit shared address plus a compile-time offset
-// (volatile: they stay behind the cp.async wait and the warp barrier).
-template <int OFF>
-__device__ __forceinline__ uint32_t Lds16(uint32_t a) {
-  unsigned short r;
-  asm volatile("ld.shared.u16 %0, [%1+%2];" : "=h"(r) : "r"(a), "n"(OFF));
-  return r;
-}
-template <int OFF>
-__device__ __forceinline__ uint32_t Lds8(uint32_t a) {
-  unsigned short r;
-  asm volatile("ld.shared.u8 %0, [%1+%2];" : "=h"(r) : "r"(a), "n"(OFF));
-  return r;
-}
-
-template <int OFF>
-__device__ __forceinline__ uint32_t Lds32(uint32_t a) {
-  uint32_t r;
-  asm volatile("ld.shared.u32 %0, [%1+%2];" : "=r"(r) : "r"(a), "n"(OFF));
-  return r;
-}
-template <int OFF>
-__device__ __forceinline__ void Lds64(uint32_t a, uint32_t& x, uint32_t& y) {
-  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2+%3];" : "=r"(x), "=r"(y) : "r"(a), "n"(OFF));
-}
-template <int OFF>
-__device__ __forceinline__ void Lds128(uint32_t a, uint32_t& x, uint32_t& y, uint32_t& z, uint32_t& w) {
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4+%5];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(a), "n"(OFF));
-}
-
-// LoadBytes from shared memory: N bytes at a + OFF, aligned as LoadBytes.
-template <int N, int OFF>
-__device__ __forceinline__ Bytes<N> LoadBytesS(uint32_t a) {
-  Bytes<N> b;
-  if constexpr (N % 16 == 0) {
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      (Lds128<OFF + 16 * I>(a, b.w[4 * I], b.w[4 * I + 1], b.w[4 * I + 2], b.w[4 * I + 3]), ...);
-    }(std::make_integer_sequence<int, N / 16>{});
-  } else if constexpr (N % 8 == 0) {
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      (Lds64<OFF + 8 * I>(a, b.w[2 * I], b.w[2 * I + 1]), ...);
-    }(std::make_integer_sequence<int, N / 8>{});
-  } else if constexpr (N % 4 == 0) {
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((b.w[I] = Lds32<OFF + 4 * I>(a)), ...);
-    }(std::make_integer_sequence<int, N / 4>{});
-  } else if constexpr (N % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((b.w[I / 2] |= Lds16<OFF + 2 * I>(a) << (16 * (I % 2))), ...);
-    }(std::make_integer_sequence<int, N / 2>{});
-  } else {
-#pragma unroll
-    for (int i = 0; i < b.kWords; ++i) b.w[i] = 0;
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((b.w[I / 4] |= Lds8<OFF + I>(a) << (8 * (I % 4))), ...);
-    }(std::make_integer_sequence<int, N>{});
-  }
-  return b;
-}
-
 // A lane's shared addresses in stage 0 for reading a tile's fragments:
 // key row g (row g + 8 at + 8 kKS), its scale (TurboQuant keys), value row
 // 2t (rows 2t + 1, 2t + 8, 2t + 9 at + kVS, 8 kVS, 9 kVS). Worked out once
@@ -806,8 +821,8 @@ __device__ __forceinline__ void ReadTileK(const Layer& L, const ReadPlan& rp, ui
   r.k[0] = LoadBytesS<C::kKBytes, 0>(rp.k + so);
   r.k[1] = LoadBytesS<C::kKBytes, 8 * S::kKS>(rp.k + so);
   if constexpr (C::kKTq) {
-    r.ks[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kKMOff>(rp.ks + so))));
-    r.ks[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kKMOff + 16>(rp.ks + so))));
+    r.ks[0] = LdsHalf<S::kKMOff>(rp.ks + so);
+    r.ks[1] = LdsHalf<S::kKMOff + 16>(rp.ks + so);
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -825,8 +840,8 @@ __device__ __forceinline__ void ReadTileV(const Layer& L, const ReadPlan& rp, ui
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
   if constexpr (C::kVTq) {
-    r.vs[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kVMOff>(rp.ks + so))));
-    r.vs[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(Lds16<S::kVMOff + 16>(rp.ks + so))));
+    r.vs[0] = LdsHalf<S::kVMOff>(rp.ks + so);
+    r.vs[1] = LdsHalf<S::kVMOff + 16>(rp.ks + so);
   }
   r.v[0] = LoadBytesS<C::kVBytes, 0>(rp.v + so);
   r.v[1] = LoadBytesS<C::kVBytes, S::kVS>(rp.v + so);

@@ -370,13 +370,11 @@ class CudaDecode : public ::testing::TestWithParam<DecodeCase> {};
 // 16-token tiles in one split (the kernel reads block tables 32 tiles at a
 // time).
 // The comparison on a filled cache `cpu` whose planes `layer` holds too.
-void CompareDecode(const DecodeCase& c, size_t H, const PagedKVCache& cpu, const DeviceLayer& dl_layer,
+void CompareDecode(const DecodeCase& c, size_t H, const PagedKVCache& cpu, const DeviceLayer& layer,
                    const Seqs& s, size_t min_tiles) {
   const size_t hq = H * c.gqa;
   const size_t B = s.lens.size();
   const size_t max_len = static_cast<size_t>(*std::max_element(s.lens.begin(), s.lens.end()));
-  const std::vector<int32_t>& lengths = s.lens;
-  const DeviceLayer* layer = &dl_layer;
   std::vector<float> q = Rows(B * hq, c.d, 33);
   for (float& x : q) x *= 0.6f;
   std::vector<uint8_t> qb = ToDtype(q, c.qt);  // the CPU sees the rounded queries
@@ -386,7 +384,7 @@ void CompareDecode(const DecodeCase& c, size_t H, const PagedKVCache& cpu, const
   std::vector<float> want(q.size());
   ASSERT_TRUE(PagedDecodeAttention(*cpu.View(0), hq, s.tables, s.max_blocks, s.lens, q, want, o).ok());
 
-  Result<DecodePlan> plan = layer->PlanDecode(B, hq, max_len);
+  Result<DecodePlan> plan = layer.PlanDecode(B, hq, max_len);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   if (min_tiles > 0) {
     ASSERT_GT(plan->tokens_per_split / 64, min_tiles) << "splits " << plan->splits << " of " << plan->tokens_per_split;
@@ -414,7 +412,7 @@ void CompareDecode(const DecodeCase& c, size_t H, const PagedKVCache& cpu, const
   a.workspace = ws->data();
   a.workspace_bytes = ws->size();
   a.plan = &*plan;
-  ASSERT_TRUE(layer->PagedDecode(a).ok());
+  ASSERT_TRUE(layer.PagedDecode(a).ok());
   std::vector<uint8_t> raw(q.size() * osize);
   ASSERT_TRUE(dout->CopyToHost(raw.data(), raw.size()).ok());
   std::vector<float> got(q.size());
@@ -431,7 +429,7 @@ void CompareDecode(const DecodeCase& c, size_t H, const PagedKVCache& cpu, const
     std::vector<float> gb(got.begin() + b * hq * c.d, got.begin() + (b + 1) * hq * c.d);
     std::vector<float> wb(want.begin() + b * hq * c.d, want.begin() + (b + 1) * hq * c.d);
     EXPECT_LE(Nmse(gb, wb), 1e-5) << c.preset << " d" << c.d << " gqa" << c.gqa << " bs" << c.bs << " window "
-                                  << c.window << " sequence " << b << " (length " << lengths[b] << ")";
+                                  << c.window << " sequence " << b << " (length " << s.lens[b] << ")";
   }
 }
 

@@ -931,6 +931,19 @@ HWY_INLINE size_t I16ValCoord(bool nib, size_t v, size_t j) {
   const size_t c = v / 4, u = v % 4;  // v = 4 c + 2 h + s
   return kN8 * c + blk + 8 * (u / 2) + 4 * (u % 2) + m;
 }
+// Where each lane of an integer kernel's vectors maps to, worked out once a
+// task (per element and row it showed in short decode calls): lane
+// v * per + w -> pos(coord(v, w)), or UINT32_MAX for a coordinate past d.
+template <class Coord, class Pos>
+HWY_INLINE void LaneMap(size_t nvec, size_t per, size_t d, Coord coord, Pos pos, std::vector<uint32_t>& map) {
+  map.resize(nvec * per);
+  for (size_t v = 0; v < nvec; ++v) {
+    for (size_t w = 0; w < per; ++w) {
+      const size_t x = coord(v, w);
+      map[v * per + w] = x < d ? static_cast<uint32_t>(pos(x)) : UINT32_MAX;
+    }
+  }
+}
 // Position of coordinate x in the driver's fast-MSE order (one block):
 // position k * (d / 8) + i holds coordinate 8 i + k.
 HWY_INLINE size_t FastPos(size_t x, size_t d) { return (x % 8) * (d / 8) + x / 8; }
@@ -1095,15 +1108,9 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, bool lanes,
   const long qmax =
       std::min<long>(16383, 2147483647L / (4L * static_cast<long>(z.nvec_k) * KeyCmax(z.nvec_k)));
   if (lanes) {
-    // Where each lane reads the permuted query, worked out once a task
-    // (per element and row it showed in short decode calls).
-    scr.kmap.resize(len);
-    for (size_t v = 0; v < z.nvec_k; ++v) {
-      for (size_t w = 0; w < kN16; ++w) {
-        const size_t x = I16KeyCoord(z.nib, v, w);
-        scr.kmap[v * kN16 + w] = x < d ? static_cast<uint32_t>(FastPos(x, d)) : UINT32_MAX;
-      }
-    }
+    // Where each lane reads the permuted query.
+    LaneMap(z.nvec_k, kN16, d, [&](size_t v, size_t w) { return I16KeyCoord(z.nib, v, w); },
+            [&](size_t x) { return FastPos(x, d); }, scr.kmap);
     const uint32_t* map = scr.kmap.data();
     QueriesToI16(task, qmax, z.cscale, len, scr.q16, scr.qinv, scr, [&](const float* q, float qs, float* f) {
       for (size_t i = 0; i < len; ++i) f[i] = map[i] != UINT32_MAX ? q[map[i]] * qs : 0.0f;
@@ -4461,17 +4468,11 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   // Integer value sums back into the rows' accumulators.
   if (priv_len > 0) {
     // int-asym values: plain domain, natural order, plus the zeros' share;
-    // TurboQuant values: the rotated accumulator in fast-MSE order. Where
-    // each lane goes is worked out once a task (per element and row it had
-    // been a tenth of a 256-token decode call).
+    // TurboQuant values: the rotated accumulator in fast-MSE order (per
+    // element and row the lane map had been a tenth of a 256-token call).
     const bool plain = vctx.i16.asym;
-    scr.vmap.resize(priv_len);
-    for (size_t v = 0; v < vctx.i16.nvec_v; ++v) {
-      for (size_t j = 0; j < kN32; ++j) {
-        const size_t x = I16ValCoord(vctx.i16.nib, v, j);
-        scr.vmap[v * kN32 + j] = x < d ? static_cast<uint32_t>(plain ? x : FastPos(x, d)) : UINT32_MAX;
-      }
-    }
+    LaneMap(vctx.i16.nvec_v, kN32, d, [&](size_t v, size_t j) { return I16ValCoord(vctx.i16.nib, v, j); },
+            [&](size_t x) { return plain ? x : FastPos(x, d); }, scr.vmap);
     const uint32_t* map = scr.vmap.data();
     for (size_t r = 0; r < task.num_rows; ++r) {
       const float* pv = scr.priv.data() + r * priv_len;
