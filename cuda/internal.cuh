@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "bucket.h"
+
 namespace tq::cuda::detail {
 
 enum : int { kCompTq = 0, kCompInt = 1, kCompInt8Sym = 2 };
@@ -30,6 +32,11 @@ struct Comp {
   const float* boundaries = nullptr;
   const uint32_t* pairs = nullptr;
   const float* mean = nullptr;  // [H][D] or nullptr
+  // TurboQuant: the write kernel's bucket grid and its `bucket_cells`
+  // records (bucket.h).
+  const BucketRecord* buckets = nullptr;
+  float bucket_s = 0, bucket_o = 0, bucket_n = 0;
+  int bucket_cells = 0;
 };
 
 struct Layer {

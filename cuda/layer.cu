@@ -204,8 +204,9 @@ namespace {
 
 // Host image of one component's tables, appended to `blob` (4-byte words).
 struct CompTables {
-  size_t signs1 = 0, signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0;  // word offsets
+  size_t signs1 = 0, signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0, buckets = 0;  // word offsets
   bool has_mean = false;
+  detail::BucketGrid grid;
 };
 
 Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector<uint32_t>& blob,
@@ -253,6 +254,16 @@ Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector
       std::memcpy(&h16, &hi, 2);
       blob.push_back(static_cast<uint32_t>(l16) | (static_cast<uint32_t>(h16) << 16));
     }
+    std::vector<detail::BucketRecord> recs;
+    std::string why;
+    if (!detail::BuildBuckets(cb->boundaries(), static_cast<int>(n) - 1, cb->centroids(), &off.grid, &recs, &why)) {
+      return InvalidArgumentError("CUDA layer: " + why);
+    }
+    while (blob.size() % 4 != 0) blob.push_back(0);  // 16-byte records
+    off.buckets = blob.size();
+    const size_t words = recs.size() * sizeof(detail::BucketRecord) / 4;
+    blob.resize(blob.size() + words);
+    std::memcpy(blob.data() + off.buckets, recs.data(), words * 4);
     // Every head must share the codebook (same dim and bits).
     for (size_t h = 1; h < H; ++h) {
       if (view.codecs[h]->codec()->codebook(0)->fingerprint() != cb->fingerprint()) {
@@ -289,6 +300,11 @@ void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, c
     c.centroids = reinterpret_cast<const float*>(base + off.cent);
     c.boundaries = reinterpret_cast<const float*>(base + off.bnd);
     c.pairs = base + off.pairs;
+    c.buckets = reinterpret_cast<const detail::BucketRecord*>(base + off.buckets);
+    c.bucket_s = off.grid.s;
+    c.bucket_o = off.grid.o;
+    c.bucket_n = off.grid.n;
+    c.bucket_cells = off.grid.cells;
   }
   c.mean = off.has_mean ? reinterpret_cast<const float*>(base + off.mean) : nullptr;
 }

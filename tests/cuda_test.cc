@@ -25,6 +25,8 @@
 #include "tq/attention.h"
 #include "tq/format.h"
 #include "tq/paged_kv_cache.h"
+#include "tq/codebook.h"
+#include "bucket.h"
 
 namespace tq::cuda {
 namespace {
@@ -182,6 +184,67 @@ Seqs Reserve(std::vector<PagedKVCache*> caches, const std::vector<size_t>& lengt
 
 // ---------------------------------------------------------------------------
 // Refusals: no GPU needed.
+// The write kernel's bucketed nearest-centroid search (cuda/bucket.h) against
+// the binary search of the format contract, on the host (no GPU needed):
+// every sphere and Gaussian codebook of 1-4 bits at head_dim 64, 128, 256,
+// at each boundary, one ulp either side, +-0, the ends of [-1, 1] and
+// random values.
+int SearchIndex(const Codebook& cb, float u) {
+  int idx = 0;
+  for (int step = static_cast<int>(cb.size()) / 2; step >= 1; step /= 2) {
+    if (u >= cb.boundaries()[idx + step - 1]) idx += step;
+  }
+  return idx;
+}
+
+TEST(CudaBuckets, GridIndexEqualsTheBinarySearch) {
+  for (CodebookFamily fam : {CodebookFamily::kSphere, CodebookFamily::kGaussian})
+  for (size_t d : {64, 128, 256}) {
+    for (int bits = 1; bits <= 4; ++bits) {
+      Result<const Codebook*> cb = Codebook::Get(fam, d, bits);
+      ASSERT_TRUE(cb.ok());
+      const int nb = static_cast<int>((*cb)->size()) - 1;
+      detail::BucketGrid g;
+      std::vector<detail::BucketRecord> rec;
+      std::string why;
+      ASSERT_TRUE(detail::BuildBuckets((*cb)->boundaries(), nb, (*cb)->centroids(), &g, &rec, &why)) << why;
+      ASSERT_EQ(rec.size(), static_cast<size_t>(g.cells));
+      std::vector<float> us = {0.0f, -0.0f, 1.0f, -1.0f, 1.0000001f, -1.0000001f, 1e-30f, -1e-30f};
+      for (int k = 0; k < nb; ++k) {
+        const float b = (*cb)->boundaries()[k];
+        us.insert(us.end(), {b, std::nextafter(b, -2.0f), std::nextafter(b, 2.0f)});
+      }
+      Rng r(d * 10 + bits);
+      for (int i = 0; i < 20000; ++i) us.push_back(static_cast<float>(r.Uniform() * 2.2 - 1.1) * (i % 2 ? 0.2f : 1.0f));
+      for (float u : us) {
+        const int cell = detail::BucketCellHost(u, g);
+        ASSERT_GE(cell, 0);
+        ASSERT_LT(cell, g.cells);
+        const detail::BucketRecord& x = rec[static_cast<size_t>(cell)];
+        const bool up = u >= x.boundary;
+        const int idx = static_cast<int>(x.count) + (up ? 1 : 0);
+        const int want = SearchIndex(**cb, u);
+        ASSERT_EQ(idx, want) << "d " << d << " bits " << bits << " u " << u << " cell " << cell;
+        const float c = (*cb)->centroids()[want];
+        ASSERT_EQ(up ? x.sq_hi : x.sq_lo, c * c) << "d " << d << " bits " << bits << " u " << u;
+      }
+    }
+  }
+}
+
+TEST(CudaBuckets, BoundariesTooCloseAreRefused) {
+  const float b[3] = {-0.5f, 0.0f, 1e-6f};
+  const float c[4] = {-0.7f, -0.2f, 0.0f, 0.6f};
+  detail::BucketGrid g;
+  std::vector<detail::BucketRecord> rec;
+  std::string why;
+  EXPECT_FALSE(detail::BuildBuckets(b, 3, c, &g, &rec, &why));
+  EXPECT_NE(why.find("closer than"), std::string::npos) << why;
+  const float u[3] = {0.0f, 0.0f, 1.0f};
+  EXPECT_FALSE(detail::BuildBuckets(u, 3, c, &g, &rec, &why));
+  EXPECT_NE(why.find("strictly increasing"), std::string::npos) << why;
+}
+
 TEST(CudaSupport, RefusesWhatItDoesNotImplementAndListsWhatItDoes) {
   auto fmt = [](const char* preset, bool key) {
     Result<KVPreset> p = GetKVPreset(preset);
