@@ -28,6 +28,11 @@ struct Comp {
   // boundaries [2^bits - 1]; pair table [4^bits] of half2 (c[lo], c[hi]).
   const uint32_t* signs1 = nullptr;
   const uint32_t* signs2 = nullptr;
+  // The same signs in the write kernel's lane order ([H][D/32] words, word
+  // `sub` of a head = the 32 signs lane `sub` of a row holds, element order;
+  // write.cu, Tq).
+  const uint32_t* lane_signs1 = nullptr;
+  const uint32_t* lane_signs2 = nullptr;
   const float* centroids = nullptr;
   const float* boundaries = nullptr;
   const uint32_t* pairs = nullptr;

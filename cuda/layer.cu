@@ -204,7 +204,8 @@ namespace {
 
 // Host image of one component's tables, appended to `blob` (4-byte words).
 struct CompTables {
-  size_t signs1 = 0, signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0, buckets = 0;  // word offsets
+  size_t signs1 = 0, signs2 = 0, lane_signs1 = 0, lane_signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0,
+         buckets = 0;  // word offsets
   bool has_mean = false;
   detail::BucketGrid grid;
 };
@@ -226,6 +227,24 @@ Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector
           uint32_t m = 0;
           for (size_t e = 0; e < 32; ++e) {
             if (s[32 * w + e] < 0) m |= 1u << e;
+          }
+          blob.push_back(m);
+        }
+      }
+    }
+    // Lane order of the write kernel (write.cu, Tq): lane `sub` of a row
+    // holds W = 512 / D channels of each group of 16, element e = channel
+    // 16 (e / W) + W sub + e % W.
+    const size_t lanes = D / 32, W = 16 / lanes;
+    for (int round = 0; round < 2; ++round) {
+      (round == 0 ? off.lane_signs1 : off.lane_signs2) = blob.size();
+      const size_t src = round == 0 ? off.signs1 : off.signs2;
+      for (size_t h = 0; h < H; ++h) {
+        for (size_t sub = 0; sub < lanes; ++sub) {
+          uint32_t m = 0;
+          for (size_t e = 0; e < 32; ++e) {
+            const size_t ch = 16 * (e / W) + W * sub + e % W;
+            if ((blob[src + h * lanes + ch / 32] >> (ch % 32)) & 1u) m |= 1u << e;
           }
           blob.push_back(m);
         }
@@ -297,6 +316,8 @@ void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, c
   if (c.kind == detail::kCompTq) {
     c.signs1 = base + off.signs1;
     c.signs2 = base + off.signs2;
+    c.lane_signs1 = base + off.lane_signs1;
+    c.lane_signs2 = base + off.lane_signs2;
     c.centroids = reinterpret_cast<const float*>(base + off.cent);
     c.boundaries = reinterpret_cast<const float*>(base + off.bnd);
     c.pairs = base + off.pairs;

@@ -68,20 +68,6 @@ struct Tq {
   static constexpr int kG = D / 16;     // groups of 16 channels
 };
 
-// The 32 sign bits of this lane's channels, element order, from the head's
-// D/32 mask words (bit e of word w = channel 32 w + e).
-template <int D>
-__device__ __forceinline__ uint32_t LaneMask(const uint32_t* signs, int sub) {
-  constexpr int W = Tq<D>::kW;
-  uint32_t m = 0;
-#pragma unroll
-  for (int j = 0; j < Tq<D>::kG; ++j) {
-    const uint32_t w = __ldg(signs + j / 2);
-    m |= ((w >> (16 * (j & 1) + W * sub)) & ((1u << W) - 1u)) << (j * W);
-  }
-  return m;
-}
-
 // Unnormalized Walsh-Hadamard transform of the row, stages h = 1, 2, ...,
 // D/2 in the contract's order (docs/FORMAT.md section 2).
 template <int D>
@@ -289,8 +275,8 @@ __device__ __forceinline__ void FinishTq(const float (&y)[32], float norm, int l
 template <int D>
 __device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], int lane, int sub,
                                          const float4* s_buck, Encoded& out) {
-  const uint32_t m1 = LaneMask<D>(c.signs1 + h * (D / 32), sub);
-  const uint32_t m2 = LaneMask<D>(c.signs2 + h * (D / 32), sub);
+  const uint32_t m1 = __ldg(c.lane_signs1 + h * (D / 32) + sub);  // this lane's 32 signs
+  const uint32_t m2 = __ldg(c.lane_signs2 + h * (D / 32) + sub);
 #pragma unroll
   for (int e = 0; e < 32; ++e) y[e] = FlipIf(y[e], m1, e);
   FwhtTq<D>(y, sub);
