@@ -1157,11 +1157,17 @@ cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, 
   return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*smem));
 }
 
+// Whether a layer decodes in the head-parity layout: GQA <= 4, except at
+// head_dim 256 with keys of 4 bits or more, where it measured 3-5% slower
+// than the plain layout on the H100 (k4_v4, B = 1..16, N = 32K;
+// docs/BENCHMARKS.md run 13) while k3_v3 gained there.
+constexpr bool HeadParity(int D, int KB, int group) { return group <= 4 && (D <= 128 || KB <= 3); }
+
 template <int D, int KB, int VC>
 cudaError_t Occupancy(const Layer& L, int group, int* blocks_per_sm) {
   void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
   size_t smem = 0;
-  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, group <= 4);
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, group));
   if (e != cudaSuccess) return e;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kNw * 32, smem);
 }
@@ -1171,7 +1177,7 @@ cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, c
                       const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
   void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
   size_t smem = 0;
-  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, s.group <= 4);
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, s.group));
   if (e != cudaSuccess) return e;
   const dim3 grid(s.splits, L.H, s.batch);
   kernel<<<grid, kNw * 32, smem, stream>>>(L, s, bt, lens, qrot, opart, ml);
