@@ -83,10 +83,10 @@ struct DecodeShape {
 // (max, sum) f32 [batch][hq][splits][2].
 size_t DecodeWorkspaceBytes(const DecodeShape& s, int D);
 
-// Decode CTAs of this layer's kernel that fit on one SM at once
-// (cudaOccupancyMaxActiveBlocksPerMultiprocessor); PlanDecode sizes the
-// split-KV grid in whole waves of them.
-cudaError_t DecodeBlocksPerSm(const Layer& layer, int* blocks_per_sm);
+// Decode CTAs of this layer's kernel for `group` query heads a KV head that
+// fit on one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor);
+// PlanDecode sizes the split-KV grid in whole waves of them.
+cudaError_t DecodeBlocksPerSm(const Layer& layer, int group, int* blocks_per_sm);
 
 cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype,
                          void* out, int out_dtype, const int32_t* block_tables,

@@ -494,7 +494,8 @@ Result<DecodePlan> DeviceLayer::PlanDecode(size_t batch, size_t num_q_heads, siz
   // CTA (its tables and merge); ties go to fewer splits.
   const size_t pairs = batch * static_cast<size_t>(L.H);
   int per_sm = 0;
-  TQ_CUDA_RETURN(detail::DecodeBlocksPerSm(L, &per_sm), "PlanDecode: occupancy of the decode kernel");
+  TQ_CUDA_RETURN(detail::DecodeBlocksPerSm(L, static_cast<int>(num_q_heads / L.H), &per_sm),
+                 "PlanDecode: occupancy of the decode kernel");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(std::max(per_sm, 1));
   const size_t max_splits = std::min<size_t>(std::max<size_t>(1, (max_seq_len + 255) / 256), 4096);
   size_t splits = 1, tps = 0, best = SIZE_MAX;

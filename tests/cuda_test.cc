@@ -523,15 +523,31 @@ TEST_P(CudaDecode, MatchesCpuPagedDecode) {
 TEST(CudaDecodeLong, SplitsOfManyTilesPerWarp) {
   REQUIRE_GPU();
   const size_t H = 8, D = 128, bs = 16, R = 1000;  // R: distinct rows, not a divisor of 2,048 tokens
-  std::vector<size_t> lengths;
-  for (size_t b = 0; b < 64; ++b) lengths.push_back(b == 0 ? 4200 : 3000 + (b * 37) % 1200);
-  size_t blocks = 8;
-  for (size_t l : lengths) blocks += (l + bs - 1) / bs;
   std::vector<float> k = Rows(R * H, D, 41), v = Rows(R * H, D, 42);
   std::vector<uint8_t> kb = ToDtype(k, DType::kF16), vb = ToDtype(v, DType::kF16);
   DeviceBuffer dk = Upload(kb.data(), kb.size()), dv = Upload(vb.data(), vb.size());
   for (const char* preset : {"k3_v3", "k4_v4"}) {
     const bool means = std::string(preset) == "k4_v4";
+    // The batch: the smallest from 64 on whose plan keeps one split of the
+    // longest sequence (4,200 tokens: 66 tiles a warp). Where that happens
+    // depends on how many CTAs of the kernel fit a SM, so it is asked of the
+    // planner rather than fixed here.
+    size_t batch = 0;
+    {
+      PagedKVCache probe = MakeCache(preset, H, D, bs, 8, means, 21);
+      Result<DeviceLayer> pl = DeviceLayer::Create(probe, 0);
+      ASSERT_TRUE(pl.ok()) << pl.status().ToString();
+      for (size_t b = 64; b <= 256 && batch == 0; ++b) {
+        Result<DecodePlan> p = pl->PlanDecode(b, 4 * H, 4200);
+        ASSERT_TRUE(p.ok()) << p.status().ToString();
+        if (p->splits == 1) batch = b;
+      }
+      ASSERT_GT(batch, 0u) << preset << ": no batch of 64..256 gives a one-split plan";
+    }
+    std::vector<size_t> lengths;
+    for (size_t b = 0; b < batch; ++b) lengths.push_back(b == 0 ? 4200 : 3000 + (b * 37) % 1200);
+    size_t blocks = 8;
+    for (size_t l : lengths) blocks += (l + bs - 1) / bs;
     PagedKVCache cpu = MakeCache(preset, H, D, bs, blocks, means, 21);
     Seqs s = Reserve({&cpu}, lengths, false);
     Result<DeviceLayer> layer = DeviceLayer::Create(cpu, 0);
