@@ -184,8 +184,7 @@ __device__ __forceinline__ void QuantizeTq(const float (&y)[32], float inv, cons
                                            const float4* s_buck, uint32_t (&ch)[Tq<D>::kG],
                                            float (&acc)[Tq<D>::kW]) {
   constexpr int W = Tq<D>::kW;
-  uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s_buck)) - (0x4b000000u << 4);
-  asm("" : "+r"(base));  // one register: the address stays one shift-and-add
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s_buck)) + c.bucket_bias;
 #pragma unroll
   for (int j = 0; j < Tq<D>::kG; ++j) {
     ch[j] = 0;
@@ -194,7 +193,9 @@ __device__ __forceinline__ void QuantizeTq(const float (&y)[32], float inv, cons
       const float u = __fmul_rn(y[j * W + k], inv);
       const float4 r = BucketRecordOf(u, c, base);  // {boundary, sq_lo, sq_hi, count}
       const bool up = u >= r.x;
-      ch[j] = (ch[j] << B) + __float_as_uint(r.w) + (up ? 1u : 0u);  // count + 1 where u >= boundary
+      uint32_t packed = (ch[j] << B) + __float_as_uint(r.w);  // the count, then + 1 where u >= boundary
+      if (up) packed += 1u;
+      ch[j] = packed;
       const float sq = up ? r.z : r.y;
       acc[k] = j == 0 ? sq : __fadd_rn(acc[k], sq);
     }
@@ -487,14 +488,32 @@ __device__ __forceinline__ void LoadTq(const T* src, const float* mean, int sub,
 
 // Whether this lane's values of a TurboQuant row (as LoadTq gives them) are
 // all finite: asked only of rows whose norm is not finite (EncodeTq), to
-// tell a non-finite input from an overflow.
+// tell a non-finite input from an overflow. It reads the row again (ld.cg,
+// which the compiler does not merge with LoadTq's loads), so the hot path
+// keeps no raw input words alive for it.
+template <typename T>
+__device__ __forceinline__ float LoadAgain(const T* p);
+template <>
+__device__ __forceinline__ float LoadAgain<float>(const float* p) { return __ldcg(p); }
+template <>
+__device__ __forceinline__ float LoadAgain<__half>(const __half* p) {
+  return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+template <>
+__device__ __forceinline__ float LoadAgain<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __uint_as_float(static_cast<uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
+}
+
 template <int D, typename T>
-__device__ __forceinline__ bool RecheckTq(const T* src, const float* mean, int sub) {
-  float x[32];
-  LoadTq<D, T>(src, mean, sub, x);
+__device__ __noinline__ bool RecheckTq(const T* src, const float* mean, int sub) {
+  constexpr int W = Tq<D>::kW;
   bool finite = true;
-#pragma unroll
-  for (int e = 0; e < 32; ++e) finite = finite && isfinite(x[e]);
+  for (int e = 0; e < 32; ++e) {
+    const int ch = 16 * (e / W) + W * sub + e % W;
+    float x = LoadAgain<T>(src + ch);
+    if (mean != nullptr) x = __fsub_rn(x, __ldcg(mean + ch));
+    finite = finite && isfinite(x);
+  }
   return finite;
 }
 
@@ -562,7 +581,10 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
 // as they are found, 6 blocks wrote 1-3% faster than 5 and within 2% of 7 or 8
 // (H200, one call, docs/BENCHMARKS.md run 8); with 32 contiguous channels a
 // lane and index bytes in registers, 6 blocks had spilled and measured slower.
-constexpr int kWriteMinBlocks = 6;
+#ifndef TQ_WRITE_MIN_BLOCKS
+#define TQ_WRITE_MIN_BLOCKS 6
+#endif
+constexpr int kWriteMinBlocks = TQ_WRITE_MIN_BLOCKS;
 template <int D, typename T>
 __global__ void __launch_bounds__(kWarps * 32, kWriteMinBlocks)
     WriteKernel(Layer L, const T* __restrict__ k, const T* __restrict__ v,
