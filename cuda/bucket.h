@@ -33,7 +33,9 @@
 
 namespace tq::cuda::detail {
 
-inline constexpr int kMaxBucketCells = 256;  // n <= 256: n + 1 records of 16 bytes
+// n <= 64: n + 1 records of 16 bytes, which the write kernel keeps 8 times
+// in shared memory (8.3 KiB a component at most).
+inline constexpr int kMaxBucketCells = 64;
 
 struct BucketRecord {
   float boundary;  // the one boundary in this cell, or +inf
@@ -60,9 +62,9 @@ inline int BucketCellHost(float u, const BucketGrid& g) {
 
 // Builds the grid and records for sorted boundaries b[0..nb-1] and centroids
 // c[0..nb]: the coarsest grid of 16, 32, ..., kMaxBucketCells cells that
-// puts every boundary in a cell of its own. Returns false (with `why`) when
-// even the finest does not (boundaries closer than about 1/256 of their
-// span, or unsorted).
+// puts every boundary in a cell of its own (every library codebook of 1-4
+// bits needs 16 or 32). Returns false (with `why`) when even the finest
+// does not (boundaries closer than about 1/64 of their span, or unsorted).
 inline bool BuildBuckets(const float* b, int nb, const float* c, BucketGrid* grid,
                          std::vector<BucketRecord>* records, std::string* why) {
   if (nb < 1) {

@@ -42,9 +42,9 @@ struct Comp {
   const BucketRecord* buckets = nullptr;
   float bucket_s = 0, bucket_o = 0, bucket_n = 0;
   int bucket_cells = 0;
-  // -16 * bits(2^23) modulo 2^32: added to the records' shared address so a
-  // cell's address is one shift-and-add of the grid float's bits (a
-  // parameter, so the compiler keeps it in the base register).
+  // -128 * bits(2^23) modulo 2^32: added to the records' shared address so
+  // a cell's address is one shift-and-add of the grid float's bits (a
+  // parameter, so the compiler keeps it in the base register; write.cu).
   uint32_t bucket_bias = 0;
 };
 

@@ -326,7 +326,7 @@ void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, c
     c.bucket_o = off.grid.o;
     c.bucket_n = off.grid.n;
     c.bucket_cells = off.grid.cells;
-    c.bucket_bias = 0u - (0x4b000000u << 4);
+    c.bucket_bias = 0u - (0x4b000000u << 7);
   }
   c.mean = off.has_mean ? reinterpret_cast<const float*>(base + off.mean) : nullptr;
 }

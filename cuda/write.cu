@@ -38,13 +38,16 @@ __device__ __forceinline__ float FlipIf(float x, uint32_t mask, int e) {
 }
 
 // The record of u's cell in the component's bucket grid (bucket.h): the
-// host's BucketCellHost as one saturating and one plain fused multiply-add;
-// the cell is the float's bits minus those of 2^23, folded into `base`
-// (the records' shared address minus 16 * bits(2^23), modulo 2^32), so the
-// address is one shift-and-add.
+// host's BucketCellHost as one saturating and one plain fused multiply-add.
+// Shared memory holds each record 8 times (copy c of cell i at 16 (8 i + c)
+// bytes) and lane l reads copy l % 8, so the 8 lanes of a 16-byte access
+// phase use 8 different bank quads whatever cells they hit (one table copy
+// cost up to 4 wavefronts an access). The cell is the float's bits minus
+// those of 2^23, folded with the copy into `base` (write.cu's QuantizeTq),
+// so the address is one shift-and-add.
 __device__ __forceinline__ float4 BucketRecordOf(float u, const Comp& c, uint32_t base) {
   const float t = __saturatef(__fmaf_rn(u, c.bucket_s, c.bucket_o));
-  const uint32_t addr = (__float_as_uint(__fmaf_rn(t, c.bucket_n, 0x1p23f)) << 4) + base;
+  const uint32_t addr = (__float_as_uint(__fmaf_rn(t, c.bucket_n, 0x1p23f)) << 7) + base;
   float4 r;
   asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "r"(addr));
   return r;
@@ -184,7 +187,8 @@ __device__ __forceinline__ void QuantizeTq(const float (&y)[32], float inv, cons
                                            const float4* s_buck, uint32_t (&ch)[Tq<D>::kG],
                                            float (&acc)[Tq<D>::kW]) {
   constexpr int W = Tq<D>::kW;
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s_buck)) + c.bucket_bias;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s_buck)) + ((threadIdx.x & 7u) << 4) +
+                        c.bucket_bias;
 #pragma unroll
   for (int j = 0; j < Tq<D>::kG; ++j) {
     ch[j] = 0;
@@ -589,12 +593,13 @@ template <int D, typename T>
 __global__ void __launch_bounds__(kWarps * 32, kWriteMinBlocks)
     WriteKernel(Layer L, const T* __restrict__ k, const T* __restrict__ v,
                 const int64_t* __restrict__ slots, long long tokens, WriteCounters* counters) {
-  __shared__ float4 s_buck[2][kMaxBucketCells + 1];  // K, V bucket records (bucket.h)
-  for (int i = threadIdx.x; i < L.k.bucket_cells; i += kWarps * 32) {
-    s_buck[0][i] = reinterpret_cast<const float4*>(L.k.buckets)[i];
+  // K, V bucket records (bucket.h), 8 copies each (BucketRecordOf).
+  __shared__ float4 s_buck[2][8 * (kMaxBucketCells + 1)];
+  for (int i = threadIdx.x; i < 8 * L.k.bucket_cells; i += kWarps * 32) {
+    s_buck[0][i] = reinterpret_cast<const float4*>(L.k.buckets)[i / 8];
   }
-  for (int i = threadIdx.x; i < L.v.bucket_cells; i += kWarps * 32) {
-    s_buck[1][i] = reinterpret_cast<const float4*>(L.v.buckets)[i];
+  for (int i = threadIdx.x; i < 8 * L.v.bucket_cells; i += kWarps * 32) {
+    s_buck[1][i] = reinterpret_cast<const float4*>(L.v.buckets)[i / 8];
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
