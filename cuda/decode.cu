@@ -38,6 +38,9 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNw = 4;  // warps per decode CTA
+#ifndef TQ_HP_CTAS
+#define TQ_HP_CTAS 4
+#endif
 
 enum : int { kVTq2 = 0, kVTq3 = 1, kVTq4 = 2, kVInt4 = 3, kVInt8 = 4 };
 
@@ -271,6 +274,8 @@ struct Cfg {
   // kept a spill in the loop and rebuilt addresses every tile, and 4 measured
   // 1.06-1.08x faster (k3_v3, k3_v4 at B = 16, N = 32K; H100, run 12).
   static constexpr int kMinCtas = D == 64 ? 5 : D == 128 && KB <= 3 && VC <= kVInt4 ? 4 : 1;
+  // The head-parity kernels (UpdateTileHp: half the accumulators).
+  static constexpr int kMinCtasHp = D == 64 ? 5 : D == 128 && KB <= 3 && VC <= kVInt4 ? TQ_HP_CTAS : 1;
   static constexpr bool kVAligned = kVLut * 4 <= kTabAlign && (kVOff * 4) % (kVLut > 0 ? kVLut * 4 : 1) == 0;
 };
 
@@ -390,6 +395,21 @@ __device__ __forceinline__ void ScoreTile(const Raw<D, KB, VC>& cur, int tb, int
   sc[3] = in1 ? sc[3] * ks1 : -INFINITY;
 }
 
+// Group-integer values: the (scale, zero) of the thread's four value rows
+// (tokens 2t, 2t + 1, 2t + 8, 2t + 9 of the tile), 0 for masked tokens.
+template <int D, int KB, int VC>
+__device__ __forceinline__ void IntValueScales(const Raw<D, KB, VC>& cur, int tb, int start, int len, int t,
+                                               float (&vsc)[4], float (&vz)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int tok = tb + 2 * t + (r & 1) + (r >> 1) * 8;
+    const bool in = tok >= start && tok < len;  // masked rows may hold anything
+    const __half2 sz = *reinterpret_cast<const __half2*>(&cur.vsz[r]);
+    vsc[r] = in ? __low2float(sz) : 0.f;
+    vz[r] = in ? __high2float(sz) : 0.f;
+  }
+}
+
 // Softmax and value update of one tile of 16 tokens starting at tb, from
 // its scores (ScoreTile) and its value rows (`cur`).
 template <int D, int KB, int VC>
@@ -454,16 +474,7 @@ __device__ __forceinline__ void UpdateTile(const Raw<D, KB, VC>& cur, const floa
 
   // O^T[channel][head] += V^T P; thread channels g*D/8 + (2i, 2i+1).
   float vsc[4], vz[4];
-  if constexpr (!C::kVTq) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int tok = tb + 2 * t + (r & 1) + (r >> 1) * 8;
-      const bool in = tok >= start && tok < len;  // masked rows may hold anything
-      const __half2 sz = *reinterpret_cast<const __half2*>(&cur.vsz[r]);
-      vsc[r] = in ? __low2float(sz) : 0.f;
-      vz[r] = in ? __high2float(sz) : 0.f;
-    }
-  }
+  if constexpr (!C::kVTq) IntValueScales<D, KB, VC>(cur, tb, start, len, t, vsc, vz);
 #pragma unroll
   for (int i = 0; i < C::kChunks; ++i) {
     uint32_t a0, a1, a2, a3;
@@ -494,21 +505,106 @@ __device__ __forceinline__ void UpdateTile(const Raw<D, KB, VC>& cur, const floa
   }
 }
 
+// Head-parity layout (GQA <= 4, kHp): the score columns are the group's
+// heads twice each (column n = query head n / 2), so a thread's two score
+// columns are one head (t) and its four scores two tokens' worth. The second
+// product's 8 columns are then (head, channel parity): with k = 2 token' +
+// parity, A's row a channel pair and B = P where the parities match (0
+// elsewhere), a value lookup's half2 (channels 2c, 2c + 1 of one token) is
+// an A register as it comes (no byte permutes), each output column sums its
+// own channel, and a thread accumulates one head's D/8 channels (D/32
+// fragments instead of D/16). Tokens: k' = t holds token 2t (+8 for the
+// second group of 8), k' = t + 4 token 2t + 1, so P comes from the
+// transposed score rows (movmatrix) by one byte permute a half: b0/b1 take
+// its low/high half into the lane's parity slot.
 template <int D, int KB, int VC>
+__device__ __forceinline__ void UpdateTileHp(const Raw<D, KB, VC>& cur, const float (&sc)[4], int tb, int start,
+                                             int len, int g, int t, uint32_t vl, WarpState<D>& ws) {
+  using C = Cfg<D, KB, VC>;
+  const int k0 = tb + g, k1 = tb + g + 8;
+  const bool in0 = k0 >= start && k0 < len, in1 = k1 >= start && k1 < len;
+  // The online softmax of UpdateTile for the thread's one head (scores
+  // sc[0], sc[2]; sc[1], sc[3] are the same).
+  const float mt0 = fmaxf(sc[0], sc[2]);
+  if (__any_sync(kFull, mt0 > ws.m[0])) {
+    float mt = mt0;
+    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 4));
+    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 8));
+    mt = fmaxf(mt, __shfl_xor_sync(kFull, mt, 16));
+    const float mn = fmaxf(ws.m[0], mt);
+    const float mu = mn == -INFINITY ? 0.f : mn;
+    const float alpha = Exp2(ws.m[0] - mu);  // 0 while nothing was accumulated
+    ws.l[0] *= alpha;
+    ws.m[0] = mn;
+    ws.mu[0] = mu;
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ws.acc[i][e] *= alpha;
+    }
+  }
+  const float p0 = Exp2(sc[0] - ws.mu[0]), p1 = Exp2(sc[2] - ws.mu[0]);
+  ws.l[0] += p0 + p1;
+  float w0 = p0, w1 = p1;
+  if constexpr (C::kVTq) {
+    w0 *= in0 ? cur.vs[0] : 0.f;  // the value scale of the token folds into its weight
+    w1 *= in1 ? cur.vs[1] : 0.f;
+  }
+  // Rows 0-7 / 8-15 transposed: lane (g, t) gets P[head g / 2] of tokens
+  // 2t, 2t + 1 (+ 8 for the second).
+  const uint32_t pt[2] = {MovTrans(PackHalf2(w0, w0)), MovTrans(PackHalf2(w1, w1))};
+  const uint32_t s0 = (g & 1) ? 0x1044u : 0x4410u, s1 = (g & 1) ? 0x3244u : 0x4432u;
+
+  float vsc[4], vz[4];
+  if constexpr (!C::kVTq) IntValueScales<D, KB, VC>(cur, tb, start, len, t, vsc, vz);
+#pragma unroll
+  for (int grp = 0; grp < 2; ++grp) {
+    const uint32_t b0 = __byte_perm(pt[grp], 0u, s0), b1 = __byte_perm(pt[grp], 0u, s1);
+    const int ra = 2 * grp, rb = 2 * grp + 1;  // value rows: tokens 2t, 2t + 1 (+ 8 grp)
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      uint32_t a0, a1, a2, a3;
+      constexpr int VB = C::kVB;
+      if constexpr (C::kVTq) {
+        a0 = Lut<C::kVAligned>(vl, cur.v[ra].w, (2 * i) * 2 * VB, 2 * VB);
+        a1 = Lut<C::kVAligned>(vl, cur.v[ra].w, (2 * i + 1) * 2 * VB, 2 * VB);
+        a2 = Lut<C::kVAligned>(vl, cur.v[rb].w, (2 * i) * 2 * VB, 2 * VB);
+        a3 = Lut<C::kVAligned>(vl, cur.v[rb].w, (2 * i + 1) * 2 * VB, 2 * VB);
+      } else {
+        auto val = [&](int r, int c) {
+          return static_cast<float>(Field(cur.v[r].w, c * VB, VB)) * vsc[r] + vz[r];
+        };
+        a0 = PackHalf2(val(ra, 4 * i), val(ra, 4 * i + 1));
+        a1 = PackHalf2(val(ra, 4 * i + 2), val(ra, 4 * i + 3));
+        a2 = PackHalf2(val(rb, 4 * i), val(rb, 4 * i + 1));
+        a3 = PackHalf2(val(rb, 4 * i + 2), val(rb, 4 * i + 3));
+      }
+      Mma(ws.acc[i], a0, a1, a2, a3, b0, b1);
+    }
+  }
+}
+
+template <int D, int KB, int VC, bool kHp>
 __device__ __forceinline__ void ComputeTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
                                             int t, uint32_t kl, uint32_t vl, const uint32_t (&qf)[D / 8],
                                             WarpState<D>& ws, int kbound) {
   float sc[4];
   ScoreTile<D, KB, VC>(cur, tb, start, len, g, kl, qf, kbound, sc);
-  UpdateTile<D, KB, VC>(cur, sc, tb, start, len, g, t, vl, ws);
+  if constexpr (kHp) {
+    UpdateTileHp<D, KB, VC>(cur, sc, tb, start, len, g, t, vl, ws);
+  } else {
+    UpdateTile<D, KB, VC>(cur, sc, tb, start, len, g, t, vl, ws);
+  }
 }
 
-// Loads the query fragments: head g of the group, channels [t*D/4, (t+1)*D/4).
-template <int D>
+// Loads the query fragments: head g of the group (kHp: head g / 2),
+// channels [t*D/4, (t+1)*D/4).
+template <int D, bool kHp>
 __device__ __forceinline__ void LoadQuery(const DecodeShape& s, const __half* qrot, int b, int h, int g, int t,
                                           uint32_t (&qf)[D / 8]) {
-  const int hq = h * s.group + g;
-  if (g < s.group) {
+  const int gh = kHp ? g >> 1 : g;
+  const int hq = h * s.group + gh;
+  if (gh < s.group) {
     const uint4* qp = reinterpret_cast<const uint4*>(qrot + (static_cast<long long>(b) * s.hq + hq) * D + t * (D / 4));
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
@@ -569,7 +665,7 @@ __device__ __forceinline__ void BuildTables(const Layer& L, uint32_t* klut, uint
 
 // Merges the warps of the CTA (shared memory `smem`, after a barrier) and
 // writes the CTA's partial (max, sum, unnormalized output) per query head.
-template <int D>
+template <int D, bool kHp>
 __device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, const DecodeShape& s, int b, int h,
                                           int split, int warp, int g, int t, float* opart, float* ml) {
 #pragma unroll
@@ -582,6 +678,18 @@ __device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, cons
   float* so = reinterpret_cast<float*>(smem);  // [kNw][8][D]
   float* sm = so + kNw * 8 * D;                 // [kNw][8] max, then [kNw][8] sum
   float* sl = sm + kNw * 8;
+  if constexpr (kHp) {
+    // Head t: fragment i holds channels g * D/8 + 4i .. 4i + 3.
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) so[(warp * 8 + t) * D + g * (D / 8) + 4 * i + e] = ws.acc[i][e];
+    }
+    if (g == 0) {
+      sm[warp * 8 + t] = ws.m[0];
+      sl[warp * 8 + t] = ws.l[0];
+    }
+  } else {
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) {
     const int c0 = g * (D / 8) + 2 * i, c1 = c0 + 1;
@@ -595,6 +703,7 @@ __device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, cons
     sm[warp * 8 + 2 * t + 1] = ws.m[1];
     sl[warp * 8 + 2 * t] = ws.l[0];
     sl[warp * 8 + 2 * t + 1] = ws.l[1];
+  }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < s.group * D; idx += blockDim.x) {
@@ -650,7 +759,7 @@ __device__ __forceinline__ SplitSpan SpanOf(const DecodeShape& s, const int32_t*
 
 // Generic path (any power-of-two block size): each thread loads its rows
 // from global memory, one tile ahead.
-template <int D, int KB, int VC>
+template <int D, int KB, int VC, bool kHp>
 __global__ void __launch_bounds__(kNw * 32)
     DecodeKernel(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
                  const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
@@ -669,7 +778,7 @@ __global__ void __launch_bounds__(kNw * 32)
   const int len = sp.len, start = sp.start, t1 = sp.t1;
   const int32_t* bt = sp.bt;
   uint32_t qf[D / 8];
-  LoadQuery<D>(s, qrot, b, h, g, t, qf);
+  LoadQuery<D, kHp>(s, qrot, b, h, g, t, qf);
   // int8 keys: local channels below kbound use the first group's scale.
   const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
   WarpState<D> ws;
@@ -683,10 +792,10 @@ __global__ void __launch_bounds__(kNw * 32)
   for (; tb < t1; tb += 16 * kNw) {
     const int nb = tb + 16 * kNw;
     if (nb < t1) LoadTile<D, KB, VC>(L, bt, h, nb, len, g, t, nxt);
-    ComputeTile<D, KB, VC>(cur, tb, start, len, g, t, kl, vl, qf, ws, kbound);
+    ComputeTile<D, KB, VC, kHp>(cur, tb, start, len, g, t, kl, vl, qf, ws, kbound);
     if (nb < t1) cur = nxt;
   }
-  FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
+  FinishCta<D, kHp>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
 }
 
 __device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -857,8 +966,8 @@ __device__ __forceinline__ void ReadTileV(const Layer& L, const ReadPlan& rp, ui
   }
 }
 
-template <int D, int KB, int VC>
-__global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
+template <int D, int KB, int VC, bool kHp>
+__global__ void __launch_bounds__(kNw * 32, (kHp ? Cfg<D, KB, VC>::kMinCtasHp : Cfg<D, KB, VC>::kMinCtas))
     DecodeKernelStaged(Layer L, DecodeShape s, const int32_t* __restrict__ block_tables,
                        const int32_t* __restrict__ seq_lens, const __half* __restrict__ qrot,
                        float* __restrict__ opart, float* __restrict__ ml) {
@@ -887,7 +996,7 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
   }
   BuildTables<D, KB, VC>(L, klut, vlut);
   uint32_t qf[D / 8];
-  LoadQuery<D>(s, qrot, b, h, g, t, qf);
+  LoadQuery<D, kHp>(s, qrot, b, h, g, t, qf);
   // int8 keys: local channels below kbound use the first group's scale.
   const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
   __syncthreads();
@@ -919,10 +1028,10 @@ __global__ void __launch_bounds__(kNw * 32, (Cfg<D, KB, VC>::kMinCtas))
     ReadTileK<D, KB, VC>(L, rp, so, stages + so, g, t, cur);
     ReadTileV<D, KB, VC>(L, rp, so, stages + so, g, t, cur);
     __syncwarp();  // the stage is refilled by the next iteration's copies
-    ComputeTile<D, KB, VC>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
+    ComputeTile<D, KB, VC, kHp>(cur, first + 16 * kNw * k, start, len, g, t, kl, vl, qf, ws, kbound);
   }
   CpWait<0>();
-  FinishCta<D>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
+  FinishCta<D, kHp>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
 }
 
 template <typename T>
@@ -1030,7 +1139,7 @@ template <int D, int KB, int VC>
 cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, const int32_t*,
                                                            const int32_t*, const __half*, float*,
                                                            float*),
-                            size_t* smem) {
+                            size_t* smem, bool hp) {
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
   const bool staged = L.block_size % 16 == 0;
@@ -1038,16 +1147,27 @@ cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, 
   // pair tables are static (C::kTabWords).
   const size_t staged_bytes = static_cast<size_t>(kNw) * S::kStages * S::kBytes;
   *smem = std::max(static_cast<size_t>(C::kMergeWords) * 4, staged ? staged_bytes : size_t{0});
-  *kernel = staged ? DecodeKernelStaged<D, KB, VC> : DecodeKernel<D, KB, VC>;
+  // Head-parity layout (UpdateTileHp) for GQA <= 4.
+  if (hp) {
+    *kernel = staged ? DecodeKernelStaged<D, KB, VC, true> : DecodeKernel<D, KB, VC, true>;
+  } else {
+    *kernel = staged ? DecodeKernelStaged<D, KB, VC, false> : DecodeKernel<D, KB, VC, false>;
+  }
   // Always set: the default limit is 48 KiB minus the static tables.
   return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*smem));
 }
 
+// Whether a layer decodes in the head-parity layout: GQA <= 4, except at
+// head_dim 256 with keys of 4 bits or more, where it measured 3-5% slower
+// than the plain layout on the H100 (k4_v4, B = 1..16, N = 32K;
+// docs/BENCHMARKS.md run 13) while k3_v3 gained there.
+constexpr bool HeadParity(int D, int KB, int group) { return group <= 4 && (D <= 128 || KB <= 3); }
+
 template <int D, int KB, int VC>
-cudaError_t Occupancy(const Layer& L, int* blocks_per_sm) {
+cudaError_t Occupancy(const Layer& L, int group, int* blocks_per_sm) {
   void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
   size_t smem = 0;
-  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem);
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, group));
   if (e != cudaSuccess) return e;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kNw * 32, smem);
 }
@@ -1057,7 +1177,7 @@ cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, c
                       const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
   void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
   size_t smem = 0;
-  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem);
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, s.group));
   if (e != cudaSuccess) return e;
   const dim3 grid(s.splits, L.H, s.batch);
   kernel<<<grid, kNw * 32, smem, stream>>>(L, s, bt, lens, qrot, opart, ml);
@@ -1131,37 +1251,37 @@ cudaError_t RunQ(const Layer& L, const DecodeShape& s, const void* q, int q_dtyp
 }
 
 template <int D, int KB>
-cudaError_t OccupancyV(const Layer& L, int vc, int* n) {
+cudaError_t OccupancyV(const Layer& L, int vc, int group, int* n) {
   switch (vc) {
-    case kVTq2: return Occupancy<D, KB, kVTq2>(L, n);
-    case kVTq3: return Occupancy<D, KB, kVTq3>(L, n);
-    case kVTq4: return Occupancy<D, KB, kVTq4>(L, n);
-    case kVInt4: return Occupancy<D, KB, kVInt4>(L, n);
-    case kVInt8: return Occupancy<D, KB, kVInt8>(L, n);
+    case kVTq2: return Occupancy<D, KB, kVTq2>(L, group, n);
+    case kVTq3: return Occupancy<D, KB, kVTq3>(L, group, n);
+    case kVTq4: return Occupancy<D, KB, kVTq4>(L, group, n);
+    case kVInt4: return Occupancy<D, KB, kVInt4>(L, group, n);
+    case kVInt8: return Occupancy<D, KB, kVInt8>(L, group, n);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <int D>
-cudaError_t OccupancyK(const Layer& L, int vc, int* n) {
+cudaError_t OccupancyK(const Layer& L, int vc, int group, int* n) {
   switch (L.k.bits) {
-    case 2: return OccupancyV<D, 2>(L, vc, n);
-    case 3: return OccupancyV<D, 3>(L, vc, n);
-    case 4: return OccupancyV<D, 4>(L, vc, n);
-    case 8: return OccupancyV<D, 8>(L, vc, n);
+    case 2: return OccupancyV<D, 2>(L, vc, group, n);
+    case 3: return OccupancyV<D, 3>(L, vc, group, n);
+    case 4: return OccupancyV<D, 4>(L, vc, group, n);
+    case 8: return OccupancyV<D, 8>(L, vc, group, n);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-cudaError_t DecodeBlocksPerSm(const Layer& layer, int* blocks_per_sm) {
+cudaError_t DecodeBlocksPerSm(const Layer& layer, int group, int* blocks_per_sm) {
   *blocks_per_sm = 0;
   const int vc = ValueCase(layer);
   switch (layer.D) {
-    case 64: return OccupancyK<64>(layer, vc, blocks_per_sm);
-    case 128: return OccupancyK<128>(layer, vc, blocks_per_sm);
-    case 256: return OccupancyK<256>(layer, vc, blocks_per_sm);
+    case 64: return OccupancyK<64>(layer, vc, group, blocks_per_sm);
+    case 128: return OccupancyK<128>(layer, vc, group, blocks_per_sm);
+    case 256: return OccupancyK<256>(layer, vc, group, blocks_per_sm);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "bucket.h"
+
 namespace tq::cuda::detail {
 
 enum : int { kCompTq = 0, kCompInt = 1, kCompInt8Sym = 2 };
@@ -26,10 +28,24 @@ struct Comp {
   // boundaries [2^bits - 1]; pair table [4^bits] of half2 (c[lo], c[hi]).
   const uint32_t* signs1 = nullptr;
   const uint32_t* signs2 = nullptr;
+  // The same signs in the write kernel's lane order ([H][D/32] words, word
+  // `sub` of a head = the 32 signs lane `sub` of a row holds, element order;
+  // write.cu, Tq).
+  const uint32_t* lane_signs1 = nullptr;
+  const uint32_t* lane_signs2 = nullptr;
   const float* centroids = nullptr;
   const float* boundaries = nullptr;
   const uint32_t* pairs = nullptr;
   const float* mean = nullptr;  // [H][D] or nullptr
+  // TurboQuant: the write kernel's bucket grid and its `bucket_cells`
+  // records (bucket.h).
+  const BucketRecord* buckets = nullptr;
+  float bucket_s = 0, bucket_o = 0, bucket_n = 0;
+  int bucket_cells = 0;
+  // -128 * bits(2^23) modulo 2^32: added to the records' shared address so
+  // a cell's address is one shift-and-add of the grid float's bits (a
+  // parameter, so the compiler keeps it in the base register; write.cu).
+  uint32_t bucket_bias = 0;
 };
 
 struct Layer {
@@ -71,10 +87,10 @@ struct DecodeShape {
 // (max, sum) f32 [batch][hq][splits][2].
 size_t DecodeWorkspaceBytes(const DecodeShape& s, int D);
 
-// Decode CTAs of this layer's kernel that fit on one SM at once
-// (cudaOccupancyMaxActiveBlocksPerMultiprocessor); PlanDecode sizes the
-// split-KV grid in whole waves of them.
-cudaError_t DecodeBlocksPerSm(const Layer& layer, int* blocks_per_sm);
+// Decode CTAs of this layer's kernel for `group` query heads a KV head that
+// fit on one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor);
+// PlanDecode sizes the split-KV grid in whole waves of them.
+cudaError_t DecodeBlocksPerSm(const Layer& layer, int group, int* blocks_per_sm);
 
 cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype,
                          void* out, int out_dtype, const int32_t* block_tables,

@@ -204,8 +204,10 @@ namespace {
 
 // Host image of one component's tables, appended to `blob` (4-byte words).
 struct CompTables {
-  size_t signs1 = 0, signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0;  // word offsets
+  size_t signs1 = 0, signs2 = 0, lane_signs1 = 0, lane_signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0,
+         buckets = 0;  // word offsets
   bool has_mean = false;
+  detail::BucketGrid grid;
 };
 
 Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector<uint32_t>& blob,
@@ -225,6 +227,24 @@ Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector
           uint32_t m = 0;
           for (size_t e = 0; e < 32; ++e) {
             if (s[32 * w + e] < 0) m |= 1u << e;
+          }
+          blob.push_back(m);
+        }
+      }
+    }
+    // Lane order of the write kernel (write.cu, Tq): lane `sub` of a row
+    // holds W = 512 / D channels of each group of 16, element e = channel
+    // 16 (e / W) + W sub + e % W.
+    const size_t lanes = D / 32, W = 16 / lanes;
+    for (int round = 0; round < 2; ++round) {
+      (round == 0 ? off.lane_signs1 : off.lane_signs2) = blob.size();
+      const size_t src = round == 0 ? off.signs1 : off.signs2;
+      for (size_t h = 0; h < H; ++h) {
+        for (size_t sub = 0; sub < lanes; ++sub) {
+          uint32_t m = 0;
+          for (size_t e = 0; e < 32; ++e) {
+            const size_t ch = 16 * (e / W) + W * sub + e % W;
+            if ((blob[src + h * lanes + ch / 32] >> (ch % 32)) & 1u) m |= 1u << e;
           }
           blob.push_back(m);
         }
@@ -253,6 +273,16 @@ Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector
       std::memcpy(&h16, &hi, 2);
       blob.push_back(static_cast<uint32_t>(l16) | (static_cast<uint32_t>(h16) << 16));
     }
+    std::vector<detail::BucketRecord> recs;
+    std::string why;
+    if (!detail::BuildBuckets(cb->boundaries(), static_cast<int>(n) - 1, cb->centroids(), &off.grid, &recs, &why)) {
+      return InvalidArgumentError("CUDA layer: " + why);
+    }
+    while (blob.size() % 4 != 0) blob.push_back(0);  // 16-byte records
+    off.buckets = blob.size();
+    const size_t words = recs.size() * sizeof(detail::BucketRecord) / 4;
+    blob.resize(blob.size() + words);
+    std::memcpy(blob.data() + off.buckets, recs.data(), words * 4);
     // Every head must share the codebook (same dim and bits).
     for (size_t h = 1; h < H; ++h) {
       if (view.codecs[h]->codec()->codebook(0)->fingerprint() != cb->fingerprint()) {
@@ -286,9 +316,17 @@ void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, c
   if (c.kind == detail::kCompTq) {
     c.signs1 = base + off.signs1;
     c.signs2 = base + off.signs2;
+    c.lane_signs1 = base + off.lane_signs1;
+    c.lane_signs2 = base + off.lane_signs2;
     c.centroids = reinterpret_cast<const float*>(base + off.cent);
     c.boundaries = reinterpret_cast<const float*>(base + off.bnd);
     c.pairs = base + off.pairs;
+    c.buckets = reinterpret_cast<const detail::BucketRecord*>(base + off.buckets);
+    c.bucket_s = off.grid.s;
+    c.bucket_o = off.grid.o;
+    c.bucket_n = off.grid.n;
+    c.bucket_cells = off.grid.cells;
+    c.bucket_bias = 0u - (0x4b000000u << 7);
   }
   c.mean = off.has_mean ? reinterpret_cast<const float*>(base + off.mean) : nullptr;
 }
@@ -457,7 +495,8 @@ Result<DecodePlan> DeviceLayer::PlanDecode(size_t batch, size_t num_q_heads, siz
   // CTA (its tables and merge); ties go to fewer splits.
   const size_t pairs = batch * static_cast<size_t>(L.H);
   int per_sm = 0;
-  TQ_CUDA_RETURN(detail::DecodeBlocksPerSm(L, &per_sm), "PlanDecode: occupancy of the decode kernel");
+  TQ_CUDA_RETURN(detail::DecodeBlocksPerSm(L, static_cast<int>(num_q_heads / L.H), &per_sm),
+                 "PlanDecode: occupancy of the decode kernel");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(std::max(per_sm, 1));
   const size_t max_splits = std::min<size_t>(std::max<size_t>(1, (max_seq_len + 255) / 256), 4096);
   size_t splits = 1, tps = 0, best = SIZE_MAX;

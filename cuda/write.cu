@@ -37,35 +37,20 @@ __device__ __forceinline__ float FlipIf(float x, uint32_t mask, int e) {
   return __uint_as_float(__float_as_uint(x) ^ ((mask << (31 - e)) & 0x80000000u));
 }
 
-// Index of u among sorted boundaries b[0..2^B-2]: the number of boundaries
-// <= u, found as the binary search `if (u >= b[idx + step - 1]) idx += step`
-// does, with the boundaries in registers and the probes chosen by selects
-// (no dependent shared-memory loads).
-template <int B>
-__device__ __forceinline__ int Quantize(float u, const float (&b)[(1 << B) - 1]) {
-  if constexpr (B == 1) {
-    return u >= b[0] ? 1 : 0;
-  } else if constexpr (B == 2) {
-    const bool c1 = u >= b[1];
-    const bool c2 = u >= (c1 ? b[2] : b[0]);
-    return (c1 ? 2 : 0) + (c2 ? 1 : 0);
-  } else if constexpr (B == 3) {
-    const bool c1 = u >= b[3];
-    const bool c2 = u >= (c1 ? b[5] : b[1]);
-    const float t3 = c1 ? (c2 ? b[6] : b[4]) : (c2 ? b[2] : b[0]);
-    const bool c3 = u >= t3;
-    return (c1 ? 4 : 0) + (c2 ? 2 : 0) + (c3 ? 1 : 0);
-  } else {
-    static_assert(B == 4, "TurboQuant rows of 1..4 bits");
-    const bool c1 = u >= b[7];
-    const bool c2 = u >= (c1 ? b[11] : b[3]);
-    const float t3 = c1 ? (c2 ? b[13] : b[9]) : (c2 ? b[5] : b[1]);
-    const bool c3 = u >= t3;
-    const float t4 = c1 ? (c2 ? (c3 ? b[14] : b[12]) : (c3 ? b[10] : b[8]))
-                        : (c2 ? (c3 ? b[6] : b[4]) : (c3 ? b[2] : b[0]));
-    const bool c4 = u >= t4;
-    return (c1 ? 8 : 0) + (c2 ? 4 : 0) + (c3 ? 2 : 0) + (c4 ? 1 : 0);
-  }
+// The record of u's cell in the component's bucket grid (bucket.h): the
+// host's BucketCellHost as one saturating and one plain fused multiply-add.
+// Shared memory holds each record 8 times (copy c of cell i at 16 (8 i + c)
+// bytes) and lane l reads copy l % 8, so the 8 lanes of a 16-byte access
+// phase use 8 different bank quads whatever cells they hit (one table copy
+// cost up to 4 wavefronts an access). The cell is the float's bits minus
+// those of 2^23, folded with the copy into `base` (write.cu's QuantizeTq),
+// so the address is one shift-and-add.
+__device__ __forceinline__ float4 BucketRecordOf(float u, const Comp& c, uint32_t base) {
+  const float t = __saturatef(__fmaf_rn(u, c.bucket_s, c.bucket_o));
+  const uint32_t addr = (__float_as_uint(__fmaf_rn(t, c.bucket_n, 0x1p23f)) << 7) + base;
+  float4 r;
+  asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "r"(addr));
+  return r;
 }
 
 // TurboQuant rows are held in a strided layout: lane `sub` of a row holds,
@@ -85,20 +70,6 @@ struct Tq {
   static constexpr int kW = 16 / kLpr;  // channels of a group a lane holds
   static constexpr int kG = D / 16;     // groups of 16 channels
 };
-
-// The 32 sign bits of this lane's channels, element order, from the head's
-// D/32 mask words (bit e of word w = channel 32 w + e).
-template <int D>
-__device__ __forceinline__ uint32_t LaneMask(const uint32_t* signs, int sub) {
-  constexpr int W = Tq<D>::kW;
-  uint32_t m = 0;
-#pragma unroll
-  for (int j = 0; j < Tq<D>::kG; ++j) {
-    const uint32_t w = __ldg(signs + j / 2);
-    m |= ((w >> (16 * (j & 1) + W * sub)) & ((1u << W) - 1u)) << (j * W);
-  }
-  return m;
-}
 
 // Unnormalized Walsh-Hadamard transform of the row, stages h = 1, 2, ...,
 // D/2 in the contract's order (docs/FORMAT.md section 2).
@@ -132,21 +103,13 @@ __device__ __forceinline__ void FwhtTq(float (&y)[32], int sub) {
   }
 }
 
-// SumSquares16 of the row's D values (docs/FORMAT.md section 2): each
-// accumulator chains its channels in order inside one lane, then the fixed
-// tree acc[l] += acc[l + s] (s = 8, 4, 2, 1). Every lane of the row gets
-// the result.
+// The fixed tree of SumSquares16 (docs/FORMAT.md section 2) over the row's
+// 16 chains, acc[l] += acc[l + s] (s = 8, 4, 2, 1); lane sub holds chains
+// W sub .. W sub + W - 1, each already summed over its channels in order.
+// Every lane of the row gets the result.
 template <int D>
-__device__ __forceinline__ float SumSquaresTq(const float (&y)[32], int lane) {
+__device__ __forceinline__ float ReduceTq(float (&acc)[Tq<D>::kW], int lane) {
   constexpr int W = Tq<D>::kW;
-  float acc[W];
-#pragma unroll
-  for (int k = 0; k < W; ++k) acc[k] = __fmul_rn(y[k], y[k]);  // 0 + y^2 exactly
-#pragma unroll
-  for (int j = 1; j < Tq<D>::kG; ++j) {
-#pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] = __fadd_rn(acc[k], __fmul_rn(y[j * W + k], y[j * W + k]));
-  }
 #pragma unroll
   for (int s = 8; s >= 1; s >>= 1) {
     if (s >= W) {
@@ -159,6 +122,22 @@ __device__ __forceinline__ float SumSquaresTq(const float (&y)[32], int lane) {
     }
   }
   return __shfl_sync(kFull, acc[0], lane & ~(Tq<D>::kLpr - 1));
+}
+
+// SumSquares16 of the row's D values: each accumulator chains its channels
+// in order inside one lane, then the tree.
+template <int D>
+__device__ __forceinline__ float SumSquaresTq(const float (&y)[32], int lane) {
+  constexpr int W = Tq<D>::kW;
+  float acc[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc[k] = __fmul_rn(y[k], y[k]);  // 0 + y^2 exactly
+#pragma unroll
+  for (int j = 1; j < Tq<D>::kG; ++j) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[k] = __fadd_rn(acc[k], __fmul_rn(y[j * W + k], y[j * W + k]));
+  }
+  return ReduceTq<D>(acc, lane);
 }
 
 template <int B>
@@ -178,6 +157,7 @@ struct Encoded {
   uint32_t w[8];
   uint16_t meta0 = 0, meta1 = 0;  // TQ: scale; int: scale, zero
   bool ok = true;
+  bool finite = true;  // TQ: the norm is finite (else the input is rechecked)
 };
 
 template <int B>
@@ -197,25 +177,31 @@ __device__ __forceinline__ void PackAny(int bits, const uint8_t (&q)[32], Encode
   }
 }
 
-// Quantizes the strided row y·inv (y replaced by the centroids) into this
-// lane's chunks: ch[j] holds the W codes of group j, B bits each in element
-// order (codes go straight into words: 32 index bytes would take a register
-// each).
+// Quantizes the strided row y·inv into this lane's chunks: ch[j] holds the
+// W codes of group j, B bits each in element order (codes go straight into
+// words: 32 index bytes would take a register each). The index of u is its
+// cell's count plus one compare (bucket.h); `acc` gets the chains of the
+// centroids' squares (SumSquares16 of the quantized row, before the tree).
 template <int D, int B>
-__device__ __forceinline__ void QuantizeTq(float (&y)[32], float inv, const float* s_cent,
-                                           const float* s_bnd, uint32_t (&ch)[Tq<D>::kG]) {
+__device__ __forceinline__ void QuantizeTq(const float (&y)[32], float inv, const Comp& c,
+                                           const float4* s_buck, uint32_t (&ch)[Tq<D>::kG],
+                                           float (&acc)[Tq<D>::kW]) {
   constexpr int W = Tq<D>::kW;
-  float b[(1 << B) - 1];
-#pragma unroll
-  for (int k = 0; k < (1 << B) - 1; ++k) b[k] = s_bnd[k];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(s_buck)) + ((threadIdx.x & 7u) << 4) +
+                        c.bucket_bias;
 #pragma unroll
   for (int j = 0; j < Tq<D>::kG; ++j) {
     ch[j] = 0;
 #pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const int idx = Quantize<B>(__fmul_rn(y[j * W + k], inv), b);
-      ch[j] |= static_cast<uint32_t>(idx) << (B * k);
-      y[j * W + k] = s_cent[idx];
+    for (int k = W - 1; k >= 0; --k) {  // element k ends at bits B k
+      const float u = __fmul_rn(y[j * W + k], inv);
+      const float4 r = BucketRecordOf(u, c, base);  // {boundary, sq_lo, sq_hi, count}
+      const bool up = u >= r.x;
+      uint32_t packed = (ch[j] << B) + __float_as_uint(r.w);  // the count, then + 1 where u >= boundary
+      if (up) packed += 1u;
+      ch[j] = packed;
+      const float sq = up ? r.z : r.y;
+      acc[k] = j == 0 ? sq : __fadd_rn(acc[k], sq);
     }
   }
 }
@@ -276,12 +262,13 @@ __device__ __forceinline__ void PackTq(const uint32_t (&ch)[Tq<D>::kG], int lane
 
 // The B-bit part of a TurboQuant row: codes, the scale, the packed words.
 template <int D, int B>
-__device__ __forceinline__ void FinishTq(float (&y)[32], float norm, int lane, int sub, const float* s_cent,
-                                         const float* s_bnd, Encoded& out) {
+__device__ __forceinline__ void FinishTq(const float (&y)[32], float norm, int lane, int sub, const Comp& c,
+                                         const float4* s_buck, Encoded& out) {
   const float inv = norm >= 0x1p-126f ? __fdiv_rn(1.0f, norm) : 0.0f;
   uint32_t ch[Tq<D>::kG];
-  QuantizeTq<D, B>(y, inv, s_cent, s_bnd, ch);
-  const float scale = __fdiv_rn(norm, __fsqrt_rn(SumSquaresTq<D>(y, lane)));
+  float acc[Tq<D>::kW];
+  QuantizeTq<D, B>(y, inv, c, s_buck, ch, acc);
+  const float scale = __fdiv_rn(norm, __fsqrt_rn(ReduceTq<D>(acc, lane)));
   const uint16_t hs = __half_as_ushort(__float2half_rn(scale));
   out.meta0 = hs;
   out.ok = (hs & 0x7C00u) != 0x7C00u;
@@ -292,9 +279,9 @@ __device__ __forceinline__ void FinishTq(float (&y)[32], float norm, int lane, i
 // two), from the strided row y (LoadTq).
 template <int D>
 __device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], int lane, int sub,
-                                         const float* s_cent, const float* s_bnd, Encoded& out) {
-  const uint32_t m1 = LaneMask<D>(c.signs1 + h * (D / 32), sub);
-  const uint32_t m2 = LaneMask<D>(c.signs2 + h * (D / 32), sub);
+                                         const float4* s_buck, Encoded& out) {
+  const uint32_t m1 = __ldg(c.lane_signs1 + h * (D / 32) + sub);  // this lane's 32 signs
+  const uint32_t m2 = __ldg(c.lane_signs2 + h * (D / 32) + sub);
 #pragma unroll
   for (int e = 0; e < 32; ++e) y[e] = FlipIf(y[e], m1, e);
   FwhtTq<D>(y, sub);
@@ -305,11 +292,14 @@ __device__ __forceinline__ void EncodeTq(const Comp& c, int h, float (&y)[32], i
 #pragma unroll
   for (int e = 0; e < 32; ++e) y[e] = __fmul_rn(y[e], inv_n);
   const float norm = __fsqrt_rn(SumSquaresTq<D>(y, lane));
+  // A non-finite input makes the norm non-finite (it reaches every output of
+  // the transform); the kernel then rechecks the input itself (RecheckTq).
+  out.finite = isfinite(norm);
   switch (c.bits) {
-    case 1: FinishTq<D, 1>(y, norm, lane, sub, s_cent, s_bnd, out); break;
-    case 2: FinishTq<D, 2>(y, norm, lane, sub, s_cent, s_bnd, out); break;
-    case 3: FinishTq<D, 3>(y, norm, lane, sub, s_cent, s_bnd, out); break;
-    default: FinishTq<D, 4>(y, norm, lane, sub, s_cent, s_bnd, out); break;
+    case 1: FinishTq<D, 1>(y, norm, lane, sub, c, s_buck, out); break;
+    case 2: FinishTq<D, 2>(y, norm, lane, sub, c, s_buck, out); break;
+    case 3: FinishTq<D, 3>(y, norm, lane, sub, c, s_buck, out); break;
+    default: FinishTq<D, 4>(y, norm, lane, sub, c, s_buck, out); break;
   }
 }
 
@@ -484,7 +474,7 @@ __device__ __forceinline__ float ElemOf<__nv_bfloat16>(const uint32_t* w, int i)
 // LoadCentered for TurboQuant rows: this lane's channels in the strided
 // layout (Tq), minus the mean where there is one.
 template <int D, typename T>
-__device__ __forceinline__ bool LoadTq(const T* src, const float* mean, int sub, float (&x)[32]) {
+__device__ __forceinline__ void LoadTq(const T* src, const float* mean, int sub, float (&x)[32]) {
   constexpr int W = Tq<D>::kW;
   constexpr int NB = W * static_cast<int>(sizeof(T));
 #pragma unroll
@@ -498,9 +488,36 @@ __device__ __forceinline__ bool LoadTq(const T* src, const float* mean, int sub,
 #pragma unroll
     for (int e = 0; e < 32; ++e) x[e] = __fsub_rn(x[e], mean[16 * (e / W) + W * sub + e % W]);
   }
+}
+
+// Whether this lane's values of a TurboQuant row (as LoadTq gives them) are
+// all finite: asked only of rows whose norm is not finite (EncodeTq), to
+// tell a non-finite input from an overflow. It reads the row again (ld.cg,
+// which the compiler does not merge with LoadTq's loads), so the hot path
+// keeps no raw input words alive for it.
+template <typename T>
+__device__ __forceinline__ float LoadAgain(const T* p);
+template <>
+__device__ __forceinline__ float LoadAgain<float>(const float* p) { return __ldcg(p); }
+template <>
+__device__ __forceinline__ float LoadAgain<__half>(const __half* p) {
+  return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+template <>
+__device__ __forceinline__ float LoadAgain<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __uint_as_float(static_cast<uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(p))) << 16);
+}
+
+template <int D, typename T>
+__device__ __noinline__ bool RecheckTq(const T* src, const float* mean, int sub) {
+  constexpr int W = Tq<D>::kW;
   bool finite = true;
-#pragma unroll
-  for (int e = 0; e < 32; ++e) finite = finite && isfinite(x[e]);
+  for (int e = 0; e < 32; ++e) {
+    const int ch = 16 * (e / W) + W * sub + e % W;
+    float x = LoadAgain<T>(src + ch);
+    if (mean != nullptr) x = __fsub_rn(x, __ldcg(mean + ch));
+    finite = finite && isfinite(x);
+  }
   return finite;
 }
 
@@ -553,10 +570,9 @@ __device__ __forceinline__ void StoreComp(const Comp& c, long long prow, int sub
 
 template <int D>
 __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32], int lane,
-                                           int sub, const float* s_cent, const float* s_bnd,
-                                           Encoded& out) {
+                                           int sub, const float4* s_buck, Encoded& out) {
   if (c.kind == kCompTq) {
-    EncodeTq<D>(c, h, x, lane, sub, s_cent, s_bnd, out);
+    EncodeTq<D>(c, h, x, lane, sub, s_buck, out);
   } else if (c.kind == kCompInt8Sym) {
     EncodeInt8Sym<D>(c, x, sub, out);
   } else {
@@ -569,18 +585,21 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
 // as they are found, 6 blocks wrote 1-3% faster than 5 and within 2% of 7 or 8
 // (H200, one call, docs/BENCHMARKS.md run 8); with 32 contiguous channels a
 // lane and index bytes in registers, 6 blocks had spilled and measured slower.
-constexpr int kWriteMinBlocks = 6;
+#ifndef TQ_WRITE_MIN_BLOCKS
+#define TQ_WRITE_MIN_BLOCKS 6
+#endif
+constexpr int kWriteMinBlocks = TQ_WRITE_MIN_BLOCKS;
 template <int D, typename T>
 __global__ void __launch_bounds__(kWarps * 32, kWriteMinBlocks)
     WriteKernel(Layer L, const T* __restrict__ k, const T* __restrict__ v,
                 const int64_t* __restrict__ slots, long long tokens, WriteCounters* counters) {
-  __shared__ float s_tab[4][16];  // K centroids, K boundaries, V centroids, V boundaries
-  if (threadIdx.x < 16) {
-    const int i = threadIdx.x;
-    if (L.k.kind == kCompTq && i < (1 << L.k.bits)) s_tab[0][i] = L.k.centroids[i];
-    if (L.k.kind == kCompTq && i < (1 << L.k.bits) - 1) s_tab[1][i] = L.k.boundaries[i];
-    if (L.v.kind == kCompTq && i < (1 << L.v.bits)) s_tab[2][i] = L.v.centroids[i];
-    if (L.v.kind == kCompTq && i < (1 << L.v.bits) - 1) s_tab[3][i] = L.v.boundaries[i];
+  // K, V bucket records (bucket.h), 8 copies each (BucketRecordOf).
+  __shared__ float4 s_buck[2][8 * (kMaxBucketCells + 1)];
+  for (int i = threadIdx.x; i < 8 * L.k.bucket_cells; i += kWarps * 32) {
+    s_buck[0][i] = reinterpret_cast<const float4*>(L.k.buckets)[i / 8];
+  }
+  for (int i = threadIdx.x; i < 8 * L.v.bucket_cells; i += kWarps * 32) {
+    s_buck[1][i] = reinterpret_cast<const float4*>(L.v.buckets)[i / 8];
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
@@ -607,12 +626,21 @@ __global__ void __launch_bounds__(kWarps * 32, kWriteMinBlocks)
   float x[32];
   const float* kmean = L.k.mean != nullptr ? L.k.mean + h * D : nullptr;
   const float* vmean = L.v.mean != nullptr ? L.v.mean + h * D : nullptr;
-  bool finite = L.k.kind == kCompTq ? LoadTq<D, T>(k + src, kmean, sub, x)
-                                    : LoadCentered<D, T>(k + src, kmean, sub, x);
-  EncodeComp<D>(L.k, h, x, lane, sub, s_tab[0], s_tab[1], ek);
-  finite = (L.v.kind == kCompTq ? LoadTq<D, T>(v + src, vmean, sub, x)
-                                : LoadCentered<D, T>(v + src, vmean, sub, x)) && finite;
-  EncodeComp<D>(L.v, h, x, lane, sub, s_tab[2], s_tab[3], ev);
+  bool finite = true;
+  if (L.k.kind == kCompTq) {
+    LoadTq<D, T>(k + src, kmean, sub, x);
+  } else {
+    finite = LoadCentered<D, T>(k + src, kmean, sub, x);
+  }
+  EncodeComp<D>(L.k, h, x, lane, sub, s_buck[0], ek);
+  if (!ek.finite) finite = RecheckTq<D, T>(k + src, kmean, sub);
+  if (L.v.kind == kCompTq) {
+    LoadTq<D, T>(v + src, vmean, sub, x);
+  } else {
+    finite = LoadCentered<D, T>(v + src, vmean, sub, x) && finite;
+  }
+  EncodeComp<D>(L.v, h, x, lane, sub, s_buck[1], ev);
+  if (!ev.finite) finite = RecheckTq<D, T>(v + src, vmean, sub) && finite;
   // Row-wide verdicts (all lanes of the row agree after these reductions).
   bool all_finite = finite, scales_ok = ek.ok && ev.ok;
 #pragma unroll

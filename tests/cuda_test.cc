@@ -25,6 +25,8 @@
 #include "tq/attention.h"
 #include "tq/format.h"
 #include "tq/paged_kv_cache.h"
+#include "tq/codebook.h"
+#include "bucket.h"
 
 namespace tq::cuda {
 namespace {
@@ -182,6 +184,67 @@ Seqs Reserve(std::vector<PagedKVCache*> caches, const std::vector<size_t>& lengt
 
 // ---------------------------------------------------------------------------
 // Refusals: no GPU needed.
+// The write kernel's bucketed nearest-centroid search (cuda/bucket.h) against
+// the binary search of the format contract, on the host (no GPU needed):
+// every sphere and Gaussian codebook of 1-4 bits at head_dim 64, 128, 256,
+// at each boundary, one ulp either side, +-0, the ends of [-1, 1] and
+// random values.
+int SearchIndex(const Codebook& cb, float u) {
+  int idx = 0;
+  for (int step = static_cast<int>(cb.size()) / 2; step >= 1; step /= 2) {
+    if (u >= cb.boundaries()[idx + step - 1]) idx += step;
+  }
+  return idx;
+}
+
+TEST(CudaBuckets, GridIndexEqualsTheBinarySearch) {
+  for (CodebookFamily fam : {CodebookFamily::kSphere, CodebookFamily::kGaussian})
+  for (size_t d : {64, 128, 256}) {
+    for (int bits = 1; bits <= 4; ++bits) {
+      Result<const Codebook*> cb = Codebook::Get(fam, d, bits);
+      ASSERT_TRUE(cb.ok());
+      const int nb = static_cast<int>((*cb)->size()) - 1;
+      detail::BucketGrid g;
+      std::vector<detail::BucketRecord> rec;
+      std::string why;
+      ASSERT_TRUE(detail::BuildBuckets((*cb)->boundaries(), nb, (*cb)->centroids(), &g, &rec, &why)) << why;
+      ASSERT_EQ(rec.size(), static_cast<size_t>(g.cells));
+      std::vector<float> us = {0.0f, -0.0f, 1.0f, -1.0f, 1.0000001f, -1.0000001f, 1e-30f, -1e-30f};
+      for (int k = 0; k < nb; ++k) {
+        const float b = (*cb)->boundaries()[k];
+        us.insert(us.end(), {b, std::nextafter(b, -2.0f), std::nextafter(b, 2.0f)});
+      }
+      Rng r(d * 10 + bits);
+      for (int i = 0; i < 20000; ++i) us.push_back(static_cast<float>(r.Uniform() * 2.2 - 1.1) * (i % 2 ? 0.2f : 1.0f));
+      for (float u : us) {
+        const int cell = detail::BucketCellHost(u, g);
+        ASSERT_GE(cell, 0);
+        ASSERT_LT(cell, g.cells);
+        const detail::BucketRecord& x = rec[static_cast<size_t>(cell)];
+        const bool up = u >= x.boundary;
+        const int idx = static_cast<int>(x.count) + (up ? 1 : 0);
+        const int want = SearchIndex(**cb, u);
+        ASSERT_EQ(idx, want) << "d " << d << " bits " << bits << " u " << u << " cell " << cell;
+        const float c = (*cb)->centroids()[want];
+        ASSERT_EQ(up ? x.sq_hi : x.sq_lo, c * c) << "d " << d << " bits " << bits << " u " << u;
+      }
+    }
+  }
+}
+
+TEST(CudaBuckets, BoundariesTooCloseAreRefused) {
+  const float b[3] = {-0.5f, 0.0f, 1e-6f};
+  const float c[4] = {-0.7f, -0.2f, 0.0f, 0.6f};
+  detail::BucketGrid g;
+  std::vector<detail::BucketRecord> rec;
+  std::string why;
+  EXPECT_FALSE(detail::BuildBuckets(b, 3, c, &g, &rec, &why));
+  EXPECT_NE(why.find("closer than"), std::string::npos) << why;
+  const float u[3] = {0.0f, 0.0f, 1.0f};
+  EXPECT_FALSE(detail::BuildBuckets(u, 3, c, &g, &rec, &why));
+  EXPECT_NE(why.find("strictly increasing"), std::string::npos) << why;
+}
+
 TEST(CudaSupport, RefusesWhatItDoesNotImplementAndListsWhatItDoes) {
   auto fmt = [](const char* preset, bool key) {
     Result<KVPreset> p = GetKVPreset(preset);
@@ -460,15 +523,31 @@ TEST_P(CudaDecode, MatchesCpuPagedDecode) {
 TEST(CudaDecodeLong, SplitsOfManyTilesPerWarp) {
   REQUIRE_GPU();
   const size_t H = 8, D = 128, bs = 16, R = 1000;  // R: distinct rows, not a divisor of 2,048 tokens
-  std::vector<size_t> lengths;
-  for (size_t b = 0; b < 64; ++b) lengths.push_back(b == 0 ? 4200 : 3000 + (b * 37) % 1200);
-  size_t blocks = 8;
-  for (size_t l : lengths) blocks += (l + bs - 1) / bs;
   std::vector<float> k = Rows(R * H, D, 41), v = Rows(R * H, D, 42);
   std::vector<uint8_t> kb = ToDtype(k, DType::kF16), vb = ToDtype(v, DType::kF16);
   DeviceBuffer dk = Upload(kb.data(), kb.size()), dv = Upload(vb.data(), vb.size());
   for (const char* preset : {"k3_v3", "k4_v4"}) {
     const bool means = std::string(preset) == "k4_v4";
+    // The batch: the smallest from 64 on whose plan keeps one split of the
+    // longest sequence (4,200 tokens: 66 tiles a warp). Where that happens
+    // depends on how many CTAs of the kernel fit a SM, so it is asked of the
+    // planner rather than fixed here.
+    size_t batch = 0;
+    {
+      PagedKVCache probe = MakeCache(preset, H, D, bs, 8, means, 21);
+      Result<DeviceLayer> pl = DeviceLayer::Create(probe, 0);
+      ASSERT_TRUE(pl.ok()) << pl.status().ToString();
+      for (size_t b = 64; b <= 256 && batch == 0; ++b) {
+        Result<DecodePlan> p = pl->PlanDecode(b, 4 * H, 4200);
+        ASSERT_TRUE(p.ok()) << p.status().ToString();
+        if (p->splits == 1) batch = b;
+      }
+      ASSERT_GT(batch, 0u) << preset << ": no batch of 64..256 gives a one-split plan";
+    }
+    std::vector<size_t> lengths;
+    for (size_t b = 0; b < batch; ++b) lengths.push_back(b == 0 ? 4200 : 3000 + (b * 37) % 1200);
+    size_t blocks = 8;
+    for (size_t l : lengths) blocks += (l + bs - 1) / bs;
     PagedKVCache cpu = MakeCache(preset, H, D, bs, blocks, means, 21);
     Seqs s = Reserve({&cpu}, lengths, false);
     Result<DeviceLayer> layer = DeviceLayer::Create(cpu, 0);
