@@ -24,8 +24,8 @@ struct Comp {
   int meta_bytes = 0;    // bytes of a row's metadata
   int group = 0;         // int-asym / int8-sym: channels per scale (and zero)
   // TurboQuant: per head [H] 32-bit masks of D1 / D2 signs ([H][D/32] words,
-  // bit e of word w = sign of channel 32w + e is -1); centroids [2^bits],
-  // boundaries [2^bits - 1]; pair table [4^bits] of half2 (c[lo], c[hi]).
+  // bit e of word w = sign of channel 32w + e is -1); pair table [4^bits]
+  // of half2 (c[lo], c[hi]) for the decode.
   const uint32_t* signs1 = nullptr;
   const uint32_t* signs2 = nullptr;
   // The same signs in the write kernel's lane order ([H][D/32] words, word
@@ -33,8 +33,6 @@ struct Comp {
   // write.cu, Tq).
   const uint32_t* lane_signs1 = nullptr;
   const uint32_t* lane_signs2 = nullptr;
-  const float* centroids = nullptr;
-  const float* boundaries = nullptr;
   const uint32_t* pairs = nullptr;
   const float* mean = nullptr;  // [H][D] or nullptr
   // TurboQuant: the write kernel's bucket grid and its `bucket_cells`

@@ -204,7 +204,7 @@ namespace {
 
 // Host image of one component's tables, appended to `blob` (4-byte words).
 struct CompTables {
-  size_t signs1 = 0, signs2 = 0, lane_signs1 = 0, lane_signs2 = 0, cent = 0, bnd = 0, pairs = 0, mean = 0,
+  size_t signs1 = 0, signs2 = 0, lane_signs1 = 0, lane_signs2 = 0, pairs = 0, mean = 0,
          buckets = 0;  // word offsets
   bool has_mean = false;
   detail::BucketGrid grid;
@@ -252,18 +252,6 @@ Status BuildComp(const PagedComponentView& view, size_t H, size_t D, std::vector
     }
     const Codebook* cb = view.codecs[0]->codec()->codebook(0);
     const size_t n = cb->size();
-    off.cent = blob.size();
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t w;
-      std::memcpy(&w, &cb->centroids()[i], 4);
-      blob.push_back(w);
-    }
-    off.bnd = blob.size();
-    for (size_t i = 0; i + 1 < n; ++i) {
-      uint32_t w;
-      std::memcpy(&w, &cb->boundaries()[i], 4);
-      blob.push_back(w);
-    }
     off.pairs = blob.size();
     for (size_t e = 0; e < n * n; ++e) {
       const __half lo = __float2half_rn(cb->centroids()[e % n]);
@@ -318,8 +306,6 @@ void FillComp(const PagedComponentView& view, size_t D, const CompTables& off, c
     c.signs2 = base + off.signs2;
     c.lane_signs1 = base + off.lane_signs1;
     c.lane_signs2 = base + off.lane_signs2;
-    c.centroids = reinterpret_cast<const float*>(base + off.cent);
-    c.boundaries = reinterpret_cast<const float*>(base + off.bnd);
     c.pairs = base + off.pairs;
     c.buckets = reinterpret_cast<const detail::BucketRecord*>(base + off.buckets);
     c.bucket_s = off.grid.s;

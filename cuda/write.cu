@@ -10,7 +10,9 @@
 // group-integer rows, strided for TurboQuant rows (Tq below), so that only
 // log2(D/32) Hadamard stages cross lanes either way. Keys and values of a row
 // are encoded by the same lanes, and nothing of the row is stored unless both
-// encode cleanly.
+// encode cleanly. TurboQuant indices come from a bucket grid (bucket.h), and
+// finiteness from the norm (a non-finite input reaches every output of the
+// transform), with the row's input checked only where the norm is not finite.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -43,7 +45,7 @@ __device__ __forceinline__ float FlipIf(float x, uint32_t mask, int e) {
 // bytes) and lane l reads copy l % 8, so the 8 lanes of a 16-byte access
 // phase use 8 different bank quads whatever cells they hit (one table copy
 // cost up to 4 wavefronts an access). The cell is the float's bits minus
-// those of 2^23, folded with the copy into `base` (write.cu's QuantizeTq),
+// those of 2^23, folded with the copy into `base` (QuantizeTq),
 // so the address is one shift-and-add.
 __device__ __forceinline__ float4 BucketRecordOf(float u, const Comp& c, uint32_t base) {
   const float t = __saturatef(__fmaf_rn(u, c.bucket_s, c.bucket_o));
@@ -581,10 +583,11 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
 }
 
 // At most 85 registers a thread (6 blocks of 128 threads a SM; 80 used at
-// d 128, no spills). With the strided TurboQuant rows and their codes packed
-// as they are found, 6 blocks wrote 1-3% faster than 5 and within 2% of 7 or 8
-// (H200, one call, docs/BENCHMARKS.md run 8); with 32 contiguous channels a
-// lane and index bytes in registers, 6 blocks had spilled and measured slower.
+// d 128). With the strided TurboQuant rows and their codes packed as they
+// are found, 6 blocks wrote 1-3% faster than 5 and within 2% of 7 or 8
+// (H200, one call, docs/BENCHMARKS.md run 8); with the bucket quantizer 6
+// blocks (two spilled words on the k3_v3 path) wrote about 5% faster than 5
+// (H100, run 13). TQ_WRITE_MIN_BLOCKS overrides it for such A/B builds.
 #ifndef TQ_WRITE_MIN_BLOCKS
 #define TQ_WRITE_MIN_BLOCKS 6
 #endif
