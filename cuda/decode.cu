@@ -757,6 +757,17 @@ __device__ __forceinline__ SplitSpan SpanOf(const DecodeShape& s, const int32_t*
   return p;
 }
 
+// Programmatic dependent launch (sm_90): the decode and merge kernels are
+// launched so that they may start while the kernel before them in the
+// stream finishes; GridDepWait() blocks until that kernel has completed and
+// its writes are visible, so nothing it writes (the rotated queries, the
+// split partials) is read before it. Everything earlier in the stream had
+// completed before that kernel started.
+__device__ __forceinline__ void GridDepWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Lets the next kernel's CTAs start their prologue now (the query rotation
+// is one short wave).
+__device__ __forceinline__ void LaunchDependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // Generic path (any power-of-two block size): each thread loads its rows
 // from global memory, one tile ahead.
 template <int D, int KB, int VC, bool kHp>
@@ -778,6 +789,7 @@ __global__ void __launch_bounds__(kNw * 32)
   const int len = sp.len, start = sp.start, t1 = sp.t1;
   const int32_t* bt = sp.bt;
   uint32_t qf[D / 8];
+  GridDepWait();  // the rotated queries
   LoadQuery<D, kHp>(s, qrot, b, h, g, t, qf);
   // int8 keys: local channels below kbound use the first group's scale.
   const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
@@ -996,6 +1008,7 @@ __global__ void __launch_bounds__(kNw * 32, (kHp ? Cfg<D, KB, VC>::kMinCtasHp : 
   }
   BuildTables<D, KB, VC>(L, klut, vlut);
   uint32_t qf[D / 8];
+  GridDepWait();  // the rotated queries: the first tiles' copies and the tables are under way
   LoadQuery<D, kHp>(s, qrot, b, h, g, t, qf);
   // int8 keys: local channels below kbound use the first group's scale.
   const int kbound = C::kKTq ? D : L.k.group - (t * (D / 4)) % L.k.group;
@@ -1072,6 +1085,7 @@ __device__ __forceinline__ float SignOf(const uint32_t* masks, int j) {
 template <int D, typename T>
 __global__ void RotateQueries(Layer L, DecodeShape s, const T* __restrict__ q, __half* __restrict__ qrot) {
   __shared__ float sh[D];
+  LaunchDependents();
   const int bh = blockIdx.x, j = threadIdx.x;
   const int h = (bh % s.hq) / s.group;
   if (L.k.kind != kCompTq) {  // unrotated keys (int8-sym)
@@ -1096,6 +1110,7 @@ template <int D, typename T>
 __global__ void MergeKernel(Layer L, DecodeShape s, const float* __restrict__ opart,
                             const float* __restrict__ ml, T* __restrict__ out) {
   __shared__ float sh[D];
+  GridDepWait();  // the decode's partials
   const int bh = blockIdx.x, j = threadIdx.x;
   const int h = (bh % s.hq) / s.group;
   const long long base = static_cast<long long>(bh) * s.splits;
@@ -1132,6 +1147,24 @@ int ValueCase(const Layer& L) {
   return L.v.bits == 4 ? kVInt4 : kVInt8;
 }
 
+
+// Launches `kernel` as a programmatic dependent of the previous kernel in
+// the stream (it calls GridDepWait() before reading what that kernel wrote).
+template <typename... P, typename... A>
+cudaError_t LaunchAfter(void (*kernel)(P...), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                        A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+}
 
 // The decode kernel instance of a layer and its dynamic shared memory (the
 // opt-in is set here, once per call: it is idempotent).
@@ -1179,9 +1212,7 @@ cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, c
   size_t smem = 0;
   const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, s.group));
   if (e != cudaSuccess) return e;
-  const dim3 grid(s.splits, L.H, s.batch);
-  kernel<<<grid, kNw * 32, smem, stream>>>(L, s, bt, lens, qrot, opart, ml);
-  return cudaGetLastError();
+  return LaunchAfter(kernel, dim3(s.splits, L.H, s.batch), kNw * 32, smem, stream, L, s, bt, lens, qrot, opart, ml);
 }
 
 template <int D, int KB>
@@ -1224,8 +1255,8 @@ cudaError_t RunAll(const Layer& L, const DecodeShape& s, const void* q, void* ou
   if (e != cudaSuccess) return e;
   e = RunDecodeK<D>(L, ValueCase(L), s, bt, lens, qrot, opart, ml, stream);
   if (e != cudaSuccess) return e;
-  MergeKernel<D, TO><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, opart, ml, static_cast<TO*>(out));
-  return cudaGetLastError();
+  return LaunchAfter(MergeKernel<D, TO>, dim3(static_cast<unsigned>(rows)), D, 0, stream, L, s,
+                     static_cast<const float*>(opart), static_cast<const float*>(ml), static_cast<TO*>(out));
 }
 
 template <int D, typename TQ>
