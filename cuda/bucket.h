@@ -25,12 +25,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define TQ_BUCKET_HD __host__ __device__
-#else
-#define TQ_BUCKET_HD
-#endif
-
 namespace tq::cuda::detail {
 
 // n <= 64: n + 1 records of 16 bytes, which the write kernel keeps 8 times

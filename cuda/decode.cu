@@ -38,6 +38,8 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNw = 4;  // warps per decode CTA
+// CTAs a SM the head-parity kernels at head_dim 128 are built for (4; 5
+// measured within 3%, docs/BENCHMARKS.md run 13): a knob for A/B builds.
 #ifndef TQ_HP_CTAS
 #define TQ_HP_CTAS 4
 #endif
@@ -691,19 +693,19 @@ __device__ __forceinline__ void FinishCta(WarpState<D>& ws, uint32_t* smem, cons
     }
   } else {
 #pragma unroll
-  for (int i = 0; i < D / 16; ++i) {
-    const int c0 = g * (D / 8) + 2 * i, c1 = c0 + 1;
-    so[(warp * 8 + 2 * t) * D + c0] = ws.acc[i][0];
-    so[(warp * 8 + 2 * t + 1) * D + c0] = ws.acc[i][1];
-    so[(warp * 8 + 2 * t) * D + c1] = ws.acc[i][2];
-    so[(warp * 8 + 2 * t + 1) * D + c1] = ws.acc[i][3];
-  }
-  if (g == 0) {
-    sm[warp * 8 + 2 * t] = ws.m[0];
-    sm[warp * 8 + 2 * t + 1] = ws.m[1];
-    sl[warp * 8 + 2 * t] = ws.l[0];
-    sl[warp * 8 + 2 * t + 1] = ws.l[1];
-  }
+    for (int i = 0; i < D / 16; ++i) {
+      const int c0 = g * (D / 8) + 2 * i, c1 = c0 + 1;
+      so[(warp * 8 + 2 * t) * D + c0] = ws.acc[i][0];
+      so[(warp * 8 + 2 * t + 1) * D + c0] = ws.acc[i][1];
+      so[(warp * 8 + 2 * t) * D + c1] = ws.acc[i][2];
+      so[(warp * 8 + 2 * t + 1) * D + c1] = ws.acc[i][3];
+    }
+    if (g == 0) {
+      sm[warp * 8 + 2 * t] = ws.m[0];
+      sm[warp * 8 + 2 * t + 1] = ws.m[1];
+      sl[warp * 8 + 2 * t] = ws.l[0];
+      sl[warp * 8 + 2 * t + 1] = ws.l[1];
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < s.group * D; idx += blockDim.x) {
@@ -1166,13 +1168,20 @@ cudaError_t LaunchAfter(void (*kernel)(P...), dim3 grid, int threads, size_t sme
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
 }
 
-// The decode kernel instance of a layer and its dynamic shared memory (the
-// opt-in is set here, once per call: it is idempotent).
+// Whether a layer decodes in the head-parity layout: GQA <= 4, except at
+// head_dim 256 with keys of 4 bits or more, where it measured 3-5% slower
+// than the plain layout on the H100 (k4_v4, B = 1..16, N = 32K;
+// docs/BENCHMARKS.md run 13) while k3_v3 gained there.
+constexpr bool HeadParity(int D, int KB, int group) { return group <= 4 && (D <= 128 || KB <= 3); }
+
+// The decode kernel instance of a layer for `group` query heads a KV head
+// and its dynamic shared memory (the opt-in is set here, once per call: it
+// is idempotent).
 template <int D, int KB, int VC>
 cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, const int32_t*,
                                                            const int32_t*, const __half*, float*,
                                                            float*),
-                            size_t* smem, bool hp) {
+                            size_t* smem, int group) {
   using C = Cfg<D, KB, VC>;
   using S = Stage<D, KB, VC>;
   const bool staged = L.block_size % 16 == 0;
@@ -1180,8 +1189,7 @@ cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, 
   // pair tables are static (C::kTabWords).
   const size_t staged_bytes = static_cast<size_t>(kNw) * S::kStages * S::kBytes;
   *smem = std::max(static_cast<size_t>(C::kMergeWords) * 4, staged ? staged_bytes : size_t{0});
-  // Head-parity layout (UpdateTileHp) for GQA <= 4.
-  if (hp) {
+  if (HeadParity(D, KB, group)) {  // UpdateTileHp
     *kernel = staged ? DecodeKernelStaged<D, KB, VC, true> : DecodeKernel<D, KB, VC, true>;
   } else {
     *kernel = staged ? DecodeKernelStaged<D, KB, VC, false> : DecodeKernel<D, KB, VC, false>;
@@ -1190,17 +1198,11 @@ cudaError_t DecodeKernelFor(const Layer& L, void (**kernel)(Layer, DecodeShape, 
   return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*smem));
 }
 
-// Whether a layer decodes in the head-parity layout: GQA <= 4, except at
-// head_dim 256 with keys of 4 bits or more, where it measured 3-5% slower
-// than the plain layout on the H100 (k4_v4, B = 1..16, N = 32K;
-// docs/BENCHMARKS.md run 13) while k3_v3 gained there.
-constexpr bool HeadParity(int D, int KB, int group) { return group <= 4 && (D <= 128 || KB <= 3); }
-
 template <int D, int KB, int VC>
 cudaError_t Occupancy(const Layer& L, int group, int* blocks_per_sm) {
   void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
   size_t smem = 0;
-  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, group));
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, group);
   if (e != cudaSuccess) return e;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kNw * 32, smem);
 }
@@ -1210,7 +1212,7 @@ cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, c
                       const __half* qrot, float* opart, float* ml, cudaStream_t stream) {
   void (*kernel)(Layer, DecodeShape, const int32_t*, const int32_t*, const __half*, float*, float*);
   size_t smem = 0;
-  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, HeadParity(D, KB, s.group));
+  const cudaError_t e = DecodeKernelFor<D, KB, VC>(L, &kernel, &smem, s.group);
   if (e != cudaSuccess) return e;
   return LaunchAfter(kernel, dim3(s.splits, L.H, s.batch), kNw * 32, smem, stream, L, s, bt, lens, qrot, opart, ml);
 }

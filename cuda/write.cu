@@ -73,6 +73,13 @@ struct Tq {
   static constexpr int kG = D / 16;     // groups of 16 channels
 };
 
+// Channel of element e of lane `sub` in the strided layout.
+template <int D>
+__device__ __forceinline__ int TqChannel(int e, int sub) {
+  constexpr int W = Tq<D>::kW;
+  return 16 * (e / W) + W * sub + e % W;
+}
+
 // Unnormalized Walsh-Hadamard transform of the row, stages h = 1, 2, ...,
 // D/2 in the contract's order (docs/FORMAT.md section 2).
 template <int D>
@@ -488,7 +495,7 @@ __device__ __forceinline__ void LoadTq(const T* src, const float* mean, int sub,
   }
   if (mean != nullptr) {  // x - 0 would be x: without a mean nothing is subtracted
 #pragma unroll
-    for (int e = 0; e < 32; ++e) x[e] = __fsub_rn(x[e], mean[16 * (e / W) + W * sub + e % W]);
+    for (int e = 0; e < 32; ++e) x[e] = __fsub_rn(x[e], mean[TqChannel<D>(e, sub)]);
   }
 }
 
@@ -512,10 +519,9 @@ __device__ __forceinline__ float LoadAgain<__nv_bfloat16>(const __nv_bfloat16* p
 
 template <int D, typename T>
 __device__ __noinline__ bool RecheckTq(const T* src, const float* mean, int sub) {
-  constexpr int W = Tq<D>::kW;
   bool finite = true;
   for (int e = 0; e < 32; ++e) {
-    const int ch = 16 * (e / W) + W * sub + e % W;
+    const int ch = TqChannel<D>(e, sub);
     float x = LoadAgain<T>(src + ch);
     if (mean != nullptr) x = __fsub_rn(x, __ldcg(mean + ch));
     finite = finite && isfinite(x);
