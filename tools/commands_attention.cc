@@ -80,9 +80,11 @@ Timing Summarize(std::vector<double> ms) {
 }
 
 // Runs both `warmup` times, then `reps` times alternating a and b, so that
-// load from other processes lands on both alike.
+// load from other processes lands on both alike. `blocks`: all of a's reps,
+// then all of b's (each side then finds its own data in the caches, as a
+// loop over one side would; no load balance between the two).
 template <typename FnA, typename FnB>
-void TimePair(size_t warmup, size_t reps, FnA&& a, FnB&& b, Timing* ta, Timing* tb) {
+void TimePair(size_t warmup, size_t reps, bool blocks, FnA&& a, FnB&& b, Timing* ta, Timing* tb) {
   for (size_t i = 0; i < warmup; ++i) {
     a();
     b();
@@ -93,9 +95,25 @@ void TimePair(size_t warmup, size_t reps, FnA&& a, FnB&& b, Timing* ta, Timing* 
     fn();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
+  if (blocks) {
+    for (size_t i = 0; i < warmup; ++i) a();
+    for (size_t i = 0; i < reps; ++i) ma.push_back(time(a));
+    for (size_t i = 0; i < warmup; ++i) b();
+    for (size_t i = 0; i < reps; ++i) mb.push_back(time(b));
+    *ta = Summarize(std::move(ma));
+    *tb = Summarize(std::move(mb));
+    return;
+  }
+  // ABBA order: each side runs first in half the reps, so neither gains
+  // from what the other leaves in the caches or from running second.
   for (size_t i = 0; i < reps; ++i) {
-    ma.push_back(time(a));
-    mb.push_back(time(b));
+    if (i % 2 == 0) {
+      ma.push_back(time(a));
+      mb.push_back(time(b));
+    } else {
+      mb.push_back(time(b));
+      ma.push_back(time(a));
+    }
   }
   *ta = Summarize(std::move(ma));
   *tb = Summarize(std::move(mb));
@@ -113,6 +131,7 @@ struct BenchArgs {
   bool json = false;
   std::string plot;
   size_t reps = 10, warmup = 2, chunk = 512;
+  std::string order = "abba";
   size_t sinks = 4, recent = 128;
   size_t block_size = 0;  // > 0: decode over a PagedKVCache with pages of this many tokens
   uint64_t seed = 1;
@@ -296,7 +315,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
       if (!s.ok()) Fail(s);
     };
     BenchRow r;
-    TimePair(a.warmup, a.reps, run_dense, run_tq, &r.dense, &r.tq);
+    TimePair(a.warmup, a.reps, a.order == "blocks", run_dense, run_tq, &r.dense, &r.tq);
     r.preset = presets[pi];
     r.mode = a.mode;
     r.kernel = rep.kernel;
@@ -525,6 +544,11 @@ void RegisterBenchAttention(CLI::App& bench) {
   cmd->add_option("--chunk", a->chunk, "prefill queries per sequence")->capture_default_str();
   cmd->add_option("--reps", a->reps, "timed repetitions (median and best reported)")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "untimed repetitions first")->capture_default_str();
+  cmd->add_option("--order", a->order,
+                  "abba: dense and compressed alternate (ABBA); blocks: all dense reps, then all compressed "
+                  "(each side finds its own data in the caches)")
+      ->check(CLI::IsMember({"abba", "blocks"}))
+      ->capture_default_str();
   cmd->add_option("--sinks", a->sinks, "dense sink tokens of the compressed cache")->capture_default_str();
   cmd->add_option("--recent", a->recent, "dense recent window of the compressed cache")->capture_default_str();
   cmd->add_option("--block-size", a->block_size,
@@ -586,9 +610,10 @@ void RegisterBenchAttention(CLI::App& bench) {
               : "sinks " + std::to_string(a->sinks) + " + recent window " + std::to_string(a->recent) +
                     " dense (f16), the rest compressed";
       std::printf("compressed cache: %s; dense baseline: our fp16 kernel, head-major K/V\n", cache.c_str());
-      std::printf("times: best and median of %zu reps (dense and tq alternating) after %zu warm-up; "
+      std::printf("times: best and median of %zu reps (%s) after %zu warm-up; "
                   "speedup = dense median / tq median\n",
-                  a->reps, a->warmup);
+                  a->reps, a->order == "blocks" ? "all dense reps, then all tq" : "dense and tq alternating, ABBA",
+                  a->warmup);
       Table t({"preset", "context", "dense ms (best/med)", "tq ms (best/med)", "speedup", "KV MiB dense",
                "KV MiB tq", "NMSE vs dense", "kernel"});
       for (const auto& r : rows) {

@@ -44,6 +44,12 @@ struct HeadWork {
   size_t length = 0;
 };
 
+// Appends a segment of the positions right after the head's last one.
+void PushSeg(HeadWork* hw, const Seg& s) {
+  if (!hw->segs.empty()) hw->segs.back().more = true;
+  hw->segs.push_back(s);
+}
+
 struct CompStore {
   Comp comp;
   const KVRowCodec* codec = nullptr;
@@ -510,7 +516,7 @@ void KVHeadSegments(const KVLayerView& view, size_t h, const Comp* kc, const Com
     s.k = reinterpret_cast<const uint8_t*>(k);
     s.v = reinterpret_cast<const uint8_t*>(v);
     s.k_stride = s.v_stride = 2 * d;
-    hw->segs.push_back(s);
+    PushSeg(hw, s);
     pos += n;
   };
   dense(hv.sink_k, hv.sink_v, hv.num_sinks);
@@ -529,7 +535,7 @@ void KVHeadSegments(const KVLayerView& view, size_t h, const Comp* kc, const Com
     s.v_stride = vrb;
     s.vm = hv.v_codes + vc->payload_bytes;
     s.vm_stride = vrb;
-    hw->segs.push_back(s);
+    PushSeg(hw, s);
     pos += hv.num_compressed;
   }
   dense(hv.recent_k[0], hv.recent_v[0], hv.recent_count[0]);
@@ -698,7 +704,7 @@ Status PagedDecodeAttention(const PagedLayerView& view, size_t num_q_heads,
         s.v_stride = view.v.payload_stride;
         s.vm = view.v.meta ? view.v.meta + row0 * view.v.meta_bytes : nullptr;
         s.vm_stride = view.v.meta_bytes;
-        hw.segs.push_back(s);
+        PushSeg(&hw, s);
       }
       hw.length = static_cast<size_t>(len);
     }
@@ -733,7 +739,7 @@ Status BuildDense(const DenseKVView& kv, size_t b, Problem* pb, const char* what
     s.k = static_cast<const uint8_t*>(kv.k) + h * hs * elem;
     s.v = static_cast<const uint8_t*>(kv.v) + h * hs * elem;
     s.k_stride = s.v_stride = ts * elem;
-    hw.segs.push_back(s);
+    PushSeg(&hw, s);
     hw.length = kv.tokens;
   }
   return Status::Ok();

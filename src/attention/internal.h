@@ -71,6 +71,10 @@ struct Seg {
   const uint8_t* v = nullptr;
   const uint8_t* vm = nullptr;
   size_t v_stride = 0, vm_stride = 0;
+  // The next Seg of the same array holds the following positions (set by
+  // the builders): the kernels' prefetches follow it past this one's end,
+  // as a paged cache's pages hold a few rows each and the next is anywhere.
+  bool more = false;
 };
 
 // One query row (a query head of one query token) and its running softmax state.

@@ -638,6 +638,31 @@ constexpr size_t kDenseAhead = 16;
 // 1.172 ms, k4_v4 1.250 against 1.225 ms with 64 ahead).
 constexpr size_t kTokAhead = 64;
 
+// Address of row t of one of segment s's streams (P: k, km, v or vm; S its
+// stride), t counted from s's first row and possibly past its end: then
+// the row of the following segments at that position (prefetch hints only).
+// Without it the prefetches of a paged cache's 16-row pages had gone to
+// other heads' rows of the same page (fp16 rows: paged decode 0.62-0.68x of
+// contiguous rows at 4K tokens).
+template <const uint8_t* attn::Seg::*P, size_t attn::Seg::*S>
+HWY_INLINE const uint8_t* Ahead(const attn::Seg& s, size_t t) {
+  const attn::Seg* p = &s;
+  while (t >= p->count && p->more && (p + 1)->*P != nullptr) {
+    t -= p->count;
+    ++p;
+  }
+  return p->*P + t * (p->*S);
+}
+// Whether a kernel over rows [.., b) of s can prefetch past s's end into a
+// following segment (at most kMaxAhead rows ahead): computed once a call,
+// so that the streams of long segments keep their one-add addresses.
+constexpr size_t kMaxAhead = 128;
+HWY_INLINE bool Follows(const attn::Seg& s, size_t b) { return s.more && b + kMaxAhead > s.count; }
+HWY_INLINE const uint8_t* AheadK(const attn::Seg& s, size_t t) { return Ahead<&attn::Seg::k, &attn::Seg::k_stride>(s, t); }
+HWY_INLINE const uint8_t* AheadKm(const attn::Seg& s, size_t t) { return Ahead<&attn::Seg::km, &attn::Seg::km_stride>(s, t); }
+HWY_INLINE const uint8_t* AheadV(const attn::Seg& s, size_t t) { return Ahead<&attn::Seg::v, &attn::Seg::v_stride>(s, t); }
+HWY_INLINE const uint8_t* AheadVm(const attn::Seg& s, size_t t) { return Ahead<&attn::Seg::vm, &attn::Seg::vm_stride>(s, t); }
+
 // Dense rows (fp16, bf16, fp32; d a multiple of kL): two tokens at a time
 // (2 NR independent sums), partial sums reduced kL tokens at a time.
 template <Fmt F, size_t NR>
@@ -645,6 +670,7 @@ HWY_NOINLINE void ScoreDenseRows(const attn::Seg& s, size_t a, size_t b, size_t 
                                  const float* const* q, const float* koff, float* const* lg) {
   const AF df;
   HWY_ALIGN AV parts[NR][kL];
+  const bool fol = Follows(s, b);
   for (size_t t0 = a; t0 < b; t0 += kL) {
     const size_t nt = std::min(kL, b - t0);
     for (size_t tt = 0; tt < kL; tt += 2) {
@@ -656,7 +682,7 @@ HWY_NOINLINE void ScoreDenseRows(const attn::Seg& s, size_t a, size_t b, size_t 
         const uint8_t* p1 = tt + 1 < nt ? p0 + s.k_stride : p0;
         // The stream kDenseAhead rows ahead (prefetch hint only: past
         // the segment's end is harmless).
-        const uint8_t* f = p0 + kDenseAhead * s.k_stride;
+        const uint8_t* f = fol ? AheadK(s, t0 + tt + kDenseAhead) : p0 + kDenseAhead * s.k_stride;
         for (size_t o = 0; o < 2 * d * (F == Fmt::kF32 ? 4 : 2); o += 64) hwy::Prefetch(f + o);
         for (size_t j = 0; j < d; j += kL) {
           const AV k0 = LoadDense(F, p0, j);
@@ -1394,6 +1420,7 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   const __m128i vshift = _mm_cvtsi32_si128(16 - z.bits);
 #endif
   HWY_ALIGN AV parts[NR][kL];
+  const bool fol = Follows(s, b);
   for (size_t t0 = a; t0 < b; t0 += kL) {
     const size_t nt = std::min(kL, b - t0);
     HWY_ALIGN float sc[kL] = {};
@@ -1401,7 +1428,8 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     // kDenseAhead tokens ahead, and this group's value rows, which
     // AccumMse16 reads after the tile's softmax (about 10% faster measured).
     for (size_t tt = 0; tt < kL; ++tt) {
-      const uint8_t* fk = s.k + (t0 + tt + kDenseAhead) * s.k_stride;
+      const uint8_t* fk =
+          fol ? AheadK(s, t0 + tt + kDenseAhead) : s.k + (t0 + tt + kDenseAhead) * s.k_stride;
       const uint8_t* fv = s.v + (t0 + tt) * s.v_stride;
       for (size_t o = 0; o < plan.index_bytes; o += 64) {
         hwy::Prefetch(fk + o);
@@ -1757,9 +1785,10 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
   // The NR partial-sum vectors of token t.
   const size_t nvl = (vbytes + 63) / 64;
   const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
+  const bool fol = Follows(s, b);
   auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
     const uint8_t* row = s.k + t * s.k_stride;
-    hwy::Prefetch(row + kDenseAhead * s.k_stride);
+    hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
     const uint8_t* vrow = s.v + t * s.v_stride;
     // The first two lines unrolled: the plain loop measured 2-11% slower
     // for k4_v4 / k3_v3 at 32K tokens (GCC 12, two threads, alternating).
@@ -1956,10 +1985,11 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   // loaded with it (byte mask: nothing past the scale is read) and the
   // transpose puts the 16 scales in one vector (was a gather).
   const bool inrow = plan.scale_f16 && s.km == s.k + 4 * NW && s.km_stride == s.k_stride;
+  const bool fol = Follows(s, b);
   // The rows of a block by byte-masked loads of their NW code words (and
   // the scale: kMask a compile-time constant, as a run-time mask measured
   // 1.5% slower).
-  auto load_rows = [&](auto kMask, const uint8_t* kr, const uint8_t* vr, size_t nt, __m512i* R)
+  auto load_rows = [&](auto kMask, size_t t0, const uint8_t* kr, const uint8_t* vr, size_t nt, __m512i* R)
                        __attribute__((always_inline)) {
     constexpr __mmask64 lm = decltype(kMask)::value;
     const size_t ks = s.k_stride, vs = s.v_stride;
@@ -1968,7 +1998,7 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(lm, kr + i * ks);
       // The key stream kTokAhead rows ahead and this block's value rows.
       HWY_UNROLL(16)
-      for (size_t i = 0; i < 16; ++i) hwy::Prefetch(kr + (kTokAhead + i) * ks);
+      for (size_t i = 0; i < 16; ++i) hwy::Prefetch(fol ? AheadK(s, t0 + kTokAhead + i) : kr + (kTokAhead + i) * ks);
       for (size_t o = 0; o < nvl; ++o) {
         HWY_UNROLL(16)
         for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
@@ -1987,10 +2017,10 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       const uint8_t* kr = s.k + t0 * s.k_stride;
       const uint8_t* vr = s.v + t0 * s.v_stride;
       if (inrow) {
-        load_rows(RowScaleMask(), kr, vr, nt, R);
+        load_rows(RowScaleMask(), t0, kr, vr, nt, R);
         TransposeRows<NW, true>(R, dw);
       } else {
-        load_rows(RowMask(), kr, vr, nt, R);
+        load_rows(RowMask(), t0, kr, vr, nt, R);
         TransposeRows<NW>(R, dw);
       }
     }
@@ -2312,16 +2342,18 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
       if (g0 == 0) {
         // The next tile's rows, codes and scales (its scales are read
         // before its first pass; dense keys prefetch no values).
-        const uint8_t* f = s.v + (a + kTile + 2 * p) * s.v_stride;
-        const uint8_t* fm = s.vm + (a + kTile + 2 * p) * s.vm_stride;
+        const uint8_t* f = AheadV(s, a + kTile + 2 * p);
+        const uint8_t* f1 = AheadV(s, a + kTile + 2 * p + 1);
+        const uint8_t* fm = AheadVm(s, a + kTile + 2 * p);
+        const uint8_t* fm1 = AheadVm(s, a + kTile + 2 * p + 1);
         for (size_t o = 0; o < d * BITS / 8; o += 64) {
           hwy::Prefetch(f + o);
-          hwy::Prefetch(f + s.v_stride + o);
+          hwy::Prefetch(f1 + o);
         }
         hwy::Prefetch(fm);
-        hwy::Prefetch(fm + s.vm_stride);
+        hwy::Prefetch(fm1);
         hwy::Prefetch(fm + d / 8 - 1);
-        hwy::Prefetch(fm + s.vm_stride + d / 8 - 1);
+        hwy::Prefetch(fm1 + d / 8 - 1);
       }
       const uint8_t* ra = rows[2 * p] + off;
       const uint8_t* rb = rows[2 * p + 1] + off;
@@ -2521,6 +2553,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   // units to key units, and (int-asym) the centered zeros per group.
   HWY_ALIGN int16_t rat[kTile][8];
   HWY_ALIGN float fac[kTile + 16];
+  const bool fol = Follows(s, b);
   HWY_ALIGN float zc[KIND >= 1 ? 8 : 1][kTile + 16];
   // Codes c << SH in int16 (int8: 8; int-asym centered at 2^(bits-1): 11, 13).
   const float unit = (KIND == 0 ? 128.0f : KIND == 1 ? 16.0f : 4.0f) / 16383.0f;
@@ -2609,14 +2642,14 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
 
   auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
     const uint8_t* row = s.k + (a + t) * s.k_stride;
-    hwy::Prefetch(row + kDenseAhead * s.k_stride);
+    hwy::Prefetch(fol ? AheadK(s, a + t + kDenseAhead) : row + kDenseAhead * s.k_stride);
     const uint8_t* vrow = s.v + (a + t) * s.v_stride;
     if (nvl > 0) hwy::Prefetch(vrow);
     if (nvl > 1) hwy::Prefetch(vrow + 64);
     for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
     // This tile's value scales and the next tile's key scales.
     if (s.vm != nullptr) hwy::Prefetch(s.vm + (a + t) * s.vm_stride);
-    hwy::Prefetch(s.km + (a + kTile + t) * s.km_stride);
+    hwy::Prefetch(fol ? AheadKm(s, a + kTile + t) : s.km + (a + kTile + t) * s.km_stride);
     const __m512i rv = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(rat[t])));
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) acc[r] = zero;
@@ -2893,6 +2926,7 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   // Per token of the tile: its ratio row and factor.
   HWY_ALIGN int16_t rat[kTile][8];
   HWY_ALIGN float fac[kTile + 16];
+  const bool fol = Follows(s, b);
   {
     const __m512i tperm = _mm512_load_si512(k.tperm);
     const __m512 tmul = _mm512_load_ps(k.tmul), tgt = _mm512_load_ps(k.tgt);
@@ -2908,8 +2942,9 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
         const uint8_t* row = s.k + (a + t) * s.k_stride;
         // This pass is the first read of the tile's rows: the next tile's
         // are prefetched here.
-        hwy::Prefetch(row + kTile * s.k_stride);
-        hwy::Prefetch(row + kTile * s.k_stride + 2 * s.k_stride - 1);
+        hwy::Prefetch(fol ? AheadK(s, a + t + kTile) : row + kTile * s.k_stride);
+        hwy::Prefetch(fol ? AheadK(s, a + t + kTile + 1) + s.k_stride - 1
+                          : row + kTile * s.k_stride + 2 * s.k_stride - 1);
         const __m512i ra = _mm512_maskz_loadu_epi8(m0, row), rb = _mm512_maskz_loadu_epi8(m0, row + s.k_stride);
         const __m512 w = _mm512_mul_ps(
             _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_maskz_permutex2var_epi8(tmask2, ra, tperm2, rb))), tmul2);
@@ -2943,8 +2978,9 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   const size_t nvl = (vbytes + 63) / 64;
   auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
     const uint8_t* row = s.k + (a + t) * s.k_stride;
-    hwy::Prefetch(row + kDenseAhead * s.k_stride);
-    if (NL > 1) hwy::Prefetch(row + kDenseAhead * s.k_stride + 64);
+    const uint8_t* fk = fol ? AheadK(s, a + t + kDenseAhead) : row + kDenseAhead * s.k_stride;
+    hwy::Prefetch(fk);
+    if (NL > 1) hwy::Prefetch(fk + 64);
     const uint8_t* vrow = s.v + (a + t) * s.v_stride;
     for (size_t o = 0; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
     const __m512i r0 = _mm512_maskz_loadu_epi8(m0, row);
@@ -3761,6 +3797,7 @@ template <Fmt F, size_t NR>
 HWY_NOINLINE void AccumDenseRows(const attn::Seg& s, size_t a, size_t b, size_t d,
                                  attn::Row* const* rs, float* const* w) {
   const AF df;
+  const bool fol = Follows(s, b);
   for (size_t r0 = 0; r0 < NR; r0 += 2) {
     const bool two = r0 + 1 < NR;
     float* acc0 = rs[r0]->acc;
@@ -3782,7 +3819,8 @@ HWY_NOINLINE void AccumDenseRows(const attn::Seg& s, size_t a, size_t b, size_t 
       for (size_t t = a; t < b; ++t) {
         const uint8_t* p = s.v + t * s.v_stride;
         if (pf) {
-          for (size_t o = 0; o < rb; o += 64) hwy::Prefetch(p + kDenseAhead * s.v_stride + o);
+          const uint8_t* f = fol ? AheadV(s, t + kDenseAhead) : p + kDenseAhead * s.v_stride;
+          for (size_t o = 0; o < rb; o += 64) hwy::Prefetch(f + o);
         }
         const AV wa = hn::Set(df, w0[t - a]);
         const AV wb = hn::Set(df, w1[t - a]);
@@ -4268,61 +4306,86 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
 #endif
 
   scr.lsum.assign(task.num_rows * kL, 0.0f);
-  for (size_t si = 0; si < task.num_segs; ++si) {
-    const attn::Seg& s = task.segs[si];
-    const size_t seg_a = std::max(s.pos0, task.t0);
-    const size_t seg_b = std::min(s.pos0 + s.count, task.t1);
-    for (size_t pa = seg_a; pa < seg_b; pa += kTile) {
-      const size_t pb = std::min(pa + kTile, seg_b);
-      const size_t n = pb - pa;
-      // Rows that see any position of this tile.
-      attn::Row* act[256];
-      float* lg[256];
-      size_t nact = 0;
-      for (size_t r = 0; r < task.num_rows; ++r) {
-        attn::Row& row = task.rows[r];
-        if (row.lo < pb && row.hi > pa) {
-          act[nact] = &row;
-          lg[nact] = scr.logits.data() + nact * kTile;
-          ++nact;
-          if (nact == 256) break;
-        }
+  // Tiles are kTile positions of the task's range [t0, t1), whatever the
+  // segments: a tile that spans segments (sinks, compressed history, the
+  // recent window's two parts, or the paged cache's pages) is scored part
+  // by part into one logits row, goes through the online softmax once and
+  // is accumulated part by part. (One tile a segment had cost k16_v16, whose
+  // four segments are read by the dense kernels, 1-4% against one dense
+  // segment at 4K tokens, and a page a tile for small pages.) The segments
+  // are sorted and contiguous from position 0 (every builder makes them so),
+  // so the parts cover the tile. Kernels write and read a part's logits at
+  // lg[r] + (part start - tile start); the row stride leaves kL floats past
+  // the tile for their masked tail loads.
+  constexpr size_t kLgStride = kTile + kL;
+  scr.logits.resize(task.num_rows * kLgStride + kL);
+  size_t seg0 = 0;  // the first segment that ends after the tile's start
+  for (size_t pa = task.t0; pa < task.t1; pa += kTile) {
+    const size_t pb = std::min(pa + kTile, task.t1);
+    const size_t n = pb - pa;
+    while (seg0 < task.num_segs && task.segs[seg0].pos0 + task.segs[seg0].count <= pa) ++seg0;
+    if (seg0 == task.num_segs) break;
+    // Rows that see any position of this tile.
+    attn::Row* act[256];
+    float* lg[256];
+    size_t nact = 0;
+    for (size_t r = 0; r < task.num_rows; ++r) {
+      attn::Row& row = task.rows[r];
+      if (row.lo < pb && row.hi > pa) {
+        act[nact] = &row;
+        lg[nact] = scr.logits.data() + nact * kLgStride;
+        ++nact;
+        if (nact == 256) break;
       }
-      if (nact == 0) continue;
-      // No bulk prefetch of a tile's rows here (it stalled on full miss
-      // queues; dense fp16 measured 9-17% slower with it): the kernels prefetch their
-      // streams a fixed distance ahead as they read them.
-      // Up to two row groups (GQA 8 decode) read the rows directly, twice;
-      // more rows share one decoded fp32 tile. Measured at GQA 8 (64 query
-      // heads over 8, 32K tokens, 2 threads): direct reads were faster for
-      // dense fp16 (13.4-13.9 vs 18.3-21.2 ms) and for k4_v4 (9.9-10.6 vs
-      // 15.4-19.6 ms) than the tile.
-      const bool many = nact > 2 * kGroup;
-      // With VNNI the integer kernels read the codes of every row group
-      // faster than the fp32 kernels read a decoded tile (chunked prefill
-      // 512 x 32K, k4_v4: 1.04x -> 2.16x of dense on the Zen 4 VM); without
-      // it an int16 product costs what an fp32 FMA does, and the tile stays.
-      bool k_int = false, v_int = false;
+    }
+    if (nact == 0) continue;
+    // Calls f(segment, part start, part end, logits rows at the part) for
+    // the parts of the tile, in position order.
+    auto parts = [&](auto&& f) {
+      for (size_t si = seg0; si < task.num_segs && task.segs[si].pos0 < pb; ++si) {
+        const attn::Seg& s = task.segs[si];
+        const size_t a = std::max(pa, s.pos0), b = std::min(pb, s.pos0 + s.count);
+        if (a >= b) continue;
+        float* lgp[256];
+        for (size_t r = 0; r < nact; ++r) lgp[r] = lg[r] + (a - pa);
+        f(s, a, b, lgp);
+      }
+    };
+    // No bulk prefetch of a tile's rows here (it stalled on full miss
+    // queues; dense fp16 measured 9-17% slower with it): the kernels prefetch their
+    // streams a fixed distance ahead as they read them.
+    // Up to two row groups (GQA 8 decode) read the rows directly, twice;
+    // more rows share one decoded fp32 tile. Measured at GQA 8 (64 query
+    // heads over 8, 32K tokens, 2 threads): direct reads were faster for
+    // dense fp16 (13.4-13.9 vs 18.3-21.2 ms) and for k4_v4 (9.9-10.6 vs
+    // 15.4-19.6 ms) than the tile.
+    const bool many = nact > 2 * kGroup;
+    // With VNNI the integer kernels read the codes of every row group
+    // faster than the fp32 kernels read a decoded tile (chunked prefill
+    // 512 x 32K, k4_v4: 1.04x -> 2.16x of dense on the Zen 4 VM); without
+    // it an int16 product costs what an fp32 FMA does, and the tile stays.
+    bool k_int = false, v_int = false;
 #ifdef TQ_ATTN_I16
-      k_int = kctx.i16.on && kctx.i16.vnni;
-      v_int = vctx.i16.on && vctx.i16.vnni;
+    k_int = kctx.i16.on && kctx.i16.vnni;
+    v_int = vctx.i16.on && vctx.i16.vnni;
 #endif
+    parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
+      const size_t np = b - a;
       const bool k_tile =
           many && (!s.compressed || (task.kc->fmt == Fmt::kMse && task.kc->fast_mse && !k_int));
-      const bool v_tile = many && (!s.compressed || (task.vc->fast_mse && !v_int));
       if (k_tile) {
-        scr.ktile.resize(n * d);
-        DecodeTile(task, task.kc, kctx.luts[0], s, true, pa - s.pos0, n, scr.ktile.data(), scr);
+        scr.ktile.resize(np * d);
+        DecodeTile(task, task.kc, kctx.luts[0], s, true, a - s.pos0, np, scr.ktile.data(), scr);
         // Transposed once (coordinate-major, kTile tokens a row) for every
         // row group's small matrix product.
         scr.ktileT.resize(d * kTile + kL);
         float* kt = scr.ktileT.data();
-        for (size_t t = 0; t < n; ++t) {
+        for (size_t t = 0; t < np; ++t) {
           const float* src = scr.ktile.data() + t * d;
           for (size_t j = 0; j < d; ++j) kt[j * kTile + t] = src[j];
         }
         for (size_t j = 0; j < d; ++j) {
-          for (size_t t = n; t < kTile; ++t) kt[j * kTile + t] = 0.0f;
+          for (size_t t = np; t < kTile; ++t) kt[j * kTile + t] = 0.0f;
         }
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
@@ -4332,14 +4395,16 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
             q[r] = s.compressed ? act[g0 + r]->qrot : act[g0 + r]->q;
             koff[r] = s.compressed ? act[g0 + r]->koff : 0.0f;
           }
-          WithRows(nr, [&](auto NR) { ScoreTileT<NR()>(kt, n, d, q, koff, lg + g0); });
+          WithRows(nr, [&](auto NR) { ScoreTileT<NR()>(kt, np, d, q, koff, lgp + g0); });
         }
       } else {
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
-          WithRows(nr, [&](auto NR) { ScoreGroup<NR()>(kctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr); });
+          WithRows(nr, [&](auto NR) { ScoreGroup<NR()>(kctx, s, a - s.pos0, b - s.pos0, act + g0, lgp + g0, scr); });
         }
       }
+    });
+    {
       // Mask, soft-cap, online softmax.
       for (size_t r = 0; r < nact; ++r) {
         attn::Row& row = *act[r];
@@ -4428,11 +4493,15 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
         row.accumulated += acc_n;
       }
+    }
+    parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
+      const size_t np = b - a;
+      const bool v_tile = many && (!s.compressed || (task.vc->fast_mse && !v_int));
       if (v_tile) {
-        scr.vtile.resize(n * d);
-        DecodeTile(task, task.vc, vctx.luts[0], s, false, pa - s.pos0, n, scr.vtile.data(), scr);
+        scr.vtile.resize(np * d);
+        DecodeTile(task, task.vc, vctx.luts[0], s, false, a - s.pos0, np, scr.vtile.data(), scr);
         attn::Seg ts;
-        ts.count = n;
+        ts.count = np;
         ts.v = reinterpret_cast<const uint8_t*>(scr.vtile.data());
         ts.v_stride = d * sizeof(float);
         const DecodeInfo f32 = MakeInfo(Fmt::kF32, nullptr, nullptr);
@@ -4440,14 +4509,14 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
           attn::Row& row = *act[r];
           if (s.compressed) {
             float sum = 0.0f;
-            for (size_t t = 0; t < n; ++t) sum += lg[r][t];
+            for (size_t t = 0; t < np; ++t) sum += lgp[r][t];
             row.lc += sum;
             std::swap(row.acc, row.accr);  // decoded MSE values sum into the rotated accumulator
           }
         }
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
-          WithRows(nr, [&](auto NR) { AccumDecoded<NR()>(f32, ts, 0, n, d, act + g0, lg + g0, scr); });
+          WithRows(nr, [&](auto NR) { AccumDecoded<NR()>(f32, ts, 0, np, d, act + g0, lgp + g0, scr); });
         }
         if (s.compressed) {
           for (size_t r = 0; r < nact; ++r) std::swap(act[r]->acc, act[r]->accr);
@@ -4455,10 +4524,10 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       } else {
         for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
           const size_t nr = std::min(kGroup, nact - g0);
-          WithRows(nr, [&](auto NR) { AccumGroup<NR()>(vctx, s, pa - s.pos0, pb - s.pos0, act + g0, lg + g0, scr); });
+          WithRows(nr, [&](auto NR) { AccumGroup<NR()>(vctx, s, a - s.pos0, b - s.pos0, act + g0, lgp + g0, scr); });
         }
       }
-    }
+    });
   }
   // The softmax denominators (row.l had nothing else added during the task).
   for (size_t r = 0; r < task.num_rows; ++r) {
