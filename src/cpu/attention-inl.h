@@ -4404,95 +4404,93 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         }
       }
     });
-    {
-      // Mask, soft-cap, online softmax.
-      for (size_t r = 0; r < nact; ++r) {
-        attn::Row& row = *act[r];
-        float* x = lg[r];
-        if (task.softcap > 0.0f) {
-          const AV cap = hn::Set(df, task.softcap);
-          const AV inv = hn::Set(df, 1.0f / task.softcap);
-          size_t t = 0;
-          for (; t + kL <= n; t += kL) {
-            hn::StoreU(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::LoadU(df, x + t), inv))), df, x + t);
-          }
-          for (; t < n; ++t) x[t] = task.softcap * std::tanh(x[t] / task.softcap);
-        }
-        size_t vis_a = row.lo > pa ? row.lo - pa : 0;
-        size_t vis_b = std::min(row.hi, pb) - pa;
-        for (size_t t = 0; t < vis_a; ++t) x[t] = kMasked;
-        for (size_t t = vis_b; t < n; ++t) x[t] = kMasked;
-        // Masked logits are -1e30, so the max over the whole tile is the max
-        // over the visible part (which is never empty here). The running
-        // max changes only when a lane of the tile exceeds it: one vector
-        // compare decides, and the reduction to the exact maximum runs only
-        // then (results as before: the new max is max(row.m, tile max)).
-        // The row's exponentials sum into a vector (lsum), reduced once
-        // at the end of the task: the two horizontal reductions a row and
-        // tile had been the driver's critical path.
-        const size_t ri = static_cast<size_t>(&row - task.rows);
-        float* lsv = scr.lsum.data() + ri * kL;
-        {
-          size_t t = 0;
-          AV mv = hn::Set(df, kMasked);
-          for (; t + kL <= n; t += kL) mv = hn::Max(mv, hn::LoadU(df, x + t));
-          bool up = !hn::AllFalse(df, hn::Gt(mv, hn::Set(df, row.m)));
-          float tail = kMasked;
-          for (size_t u = t; u < n; ++u) tail = std::max(tail, x[u]);
-          up |= tail > row.m;
-          if (up) {
-            const float mx = std::max(tail, hn::GetLane(hn::MaxOfLanes(df, mv)));
-            const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
-            row.lc *= corr;  // (row.l stays 0 until the task's end: its sum is in lsum)
-            if (corr != 1.0f) {
-              const AV cv = hn::Set(df, corr);
-              hn::StoreU(hn::Mul(cv, hn::LoadU(df, lsv)), df, lsv);
-              for (float* acc : {row.acc, row.accr}) {
-                size_t j = 0;
-                for (; j + kL <= d; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, acc + j)), df, acc + j);
-                for (; j < d; ++j) acc[j] *= corr;
-              }
-#ifdef TQ_ATTN_I16
-              if (priv_len > 0) {
-                float* pv = scr.priv.data() + ri * priv_len;
-                for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
-                scr.zsum[ri] *= corr;
-              }
-#endif
-            }
-            row.m = mx;
-          }
-        }
-        row.scored += vis_b - vis_a;
-        const AV mv = hn::Set(df, -row.m * 1.44269504089f);
+    // Mask, soft-cap, online softmax.
+    for (size_t r = 0; r < nact; ++r) {
+      attn::Row& row = *act[r];
+      float* x = lg[r];
+      if (task.softcap > 0.0f) {
+        const AV cap = hn::Set(df, task.softcap);
+        const AV inv = hn::Set(df, 1.0f / task.softcap);
         size_t t = 0;
-        AV sv = hn::LoadU(df, lsv);
         for (; t + kL <= n; t += kL) {
-          const AV e = SoftmaxExp(df, hn::LoadU(df, x + t), mv);
-          sv = hn::Add(sv, e);
-          hn::StoreU(e, df, x + t);
+          hn::StoreU(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::LoadU(df, x + t), inv))), df, x + t);
         }
-        if (t < n) {  // a partial tile's last lanes, masked (was a libm exp each)
-          const auto m = hn::FirstN(df, n - t);
-          const AV e = hn::IfThenElseZero(m, SoftmaxExp(df, hn::MaskedLoad(m, df, x + t), mv));
-          sv = hn::Add(sv, e);
-          hn::BlendedStore(e, m, df, x + t);
-        }
-        hn::StoreU(sv, df, lsv);
-        for (size_t tt = 0; tt < vis_a; ++tt) x[tt] = 0.0f;
-        for (size_t tt = vis_b; tt < n; ++tt) x[tt] = 0.0f;
-        size_t acc_n = vis_b - vis_a;
-        if (task.sparse_threshold > 0.0f) {
-          for (size_t tt = vis_a; tt < vis_b; ++tt) {
-            if (x[tt] < task.sparse_threshold) {
-              x[tt] = 0.0f;
-              ++row.skipped;
-              --acc_n;
+        for (; t < n; ++t) x[t] = task.softcap * std::tanh(x[t] / task.softcap);
+      }
+      size_t vis_a = row.lo > pa ? row.lo - pa : 0;
+      size_t vis_b = std::min(row.hi, pb) - pa;
+      for (size_t t = 0; t < vis_a; ++t) x[t] = kMasked;
+      for (size_t t = vis_b; t < n; ++t) x[t] = kMasked;
+      // Masked logits are -1e30, so the max over the whole tile is the max
+      // over the visible part (which is never empty here). The running
+      // max changes only when a lane of the tile exceeds it: one vector
+      // compare decides, and the reduction to the exact maximum runs only
+      // then (results as before: the new max is max(row.m, tile max)).
+      // The row's exponentials sum into a vector (lsum), reduced once
+      // at the end of the task: the two horizontal reductions a row and
+      // tile had been the driver's critical path.
+      const size_t ri = static_cast<size_t>(&row - task.rows);
+      float* lsv = scr.lsum.data() + ri * kL;
+      {
+        size_t t = 0;
+        AV mv = hn::Set(df, kMasked);
+        for (; t + kL <= n; t += kL) mv = hn::Max(mv, hn::LoadU(df, x + t));
+        bool up = !hn::AllFalse(df, hn::Gt(mv, hn::Set(df, row.m)));
+        float tail = kMasked;
+        for (size_t u = t; u < n; ++u) tail = std::max(tail, x[u]);
+        up |= tail > row.m;
+        if (up) {
+          const float mx = std::max(tail, hn::GetLane(hn::MaxOfLanes(df, mv)));
+          const float corr = row.m == kNegInf ? 0.0f : std::exp(row.m - mx);
+          row.lc *= corr;  // (row.l stays 0 until the task's end: its sum is in lsum)
+          if (corr != 1.0f) {
+            const AV cv = hn::Set(df, corr);
+            hn::StoreU(hn::Mul(cv, hn::LoadU(df, lsv)), df, lsv);
+            for (float* acc : {row.acc, row.accr}) {
+              size_t j = 0;
+              for (; j + kL <= d; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, acc + j)), df, acc + j);
+              for (; j < d; ++j) acc[j] *= corr;
             }
+#ifdef TQ_ATTN_I16
+            if (priv_len > 0) {
+              float* pv = scr.priv.data() + ri * priv_len;
+              for (size_t j = 0; j < priv_len; j += kL) hn::StoreU(hn::Mul(cv, hn::LoadU(df, pv + j)), df, pv + j);
+              scr.zsum[ri] *= corr;
+            }
+#endif
+          }
+          row.m = mx;
+        }
+      }
+      row.scored += vis_b - vis_a;
+      const AV mv = hn::Set(df, -row.m * 1.44269504089f);
+      size_t t = 0;
+      AV sv = hn::LoadU(df, lsv);
+      for (; t + kL <= n; t += kL) {
+        const AV e = SoftmaxExp(df, hn::LoadU(df, x + t), mv);
+        sv = hn::Add(sv, e);
+        hn::StoreU(e, df, x + t);
+      }
+      if (t < n) {  // a partial tile's last lanes, masked (was a libm exp each)
+        const auto m = hn::FirstN(df, n - t);
+        const AV e = hn::IfThenElseZero(m, SoftmaxExp(df, hn::MaskedLoad(m, df, x + t), mv));
+        sv = hn::Add(sv, e);
+        hn::BlendedStore(e, m, df, x + t);
+      }
+      hn::StoreU(sv, df, lsv);
+      for (size_t tt = 0; tt < vis_a; ++tt) x[tt] = 0.0f;
+      for (size_t tt = vis_b; tt < n; ++tt) x[tt] = 0.0f;
+      size_t acc_n = vis_b - vis_a;
+      if (task.sparse_threshold > 0.0f) {
+        for (size_t tt = vis_a; tt < vis_b; ++tt) {
+          if (x[tt] < task.sparse_threshold) {
+            x[tt] = 0.0f;
+            ++row.skipped;
+            --acc_n;
           }
         }
-        row.accumulated += acc_n;
       }
+      row.accumulated += acc_n;
     }
     parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
       const size_t np = b - a;
