@@ -388,6 +388,12 @@ struct SplitVals {
   size_t out[4] = {};             // per piece: offset in the rotated accumulator
 };
 
+// Rows [a, b) of a segment (a and b counted from its first row).
+struct VPart {
+  const attn::Seg* s;
+  size_t a, b;
+};
+
 struct KeyCtx {
   const attn::Task* task;
   const attn::Comp* kc;
@@ -3217,15 +3223,17 @@ HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, si
   }
 }
 
-// Value sums of rows rs over tokens [a, b): weights (softmax weight x row
+// Value sums of rows rs over the tokens of parts vp[0..nvp) (runs of
+// compressed rows, in position order: a tile of one segment, or of several
+// pages, whose weights w[r] are contiguous): weights (softmax weight x row
 // scale) of each row rounded to int16 against the tile's largest, tokens
 // taken in pairs (one int32 lane = c_t w_t + c_t+1 w_t+1), int32 sums
-// flushed once per tile into the row's private float sums (scr.priv).
+// flushed once per call into the row's private float sums (scr.priv).
 // FB > 0 (AVX3_DL with VNNI): the fixed-shape inner loop for FB-bit codes in
 // FN chunks (see ScoreI16Fixed).
 template <size_t NR, bool kVnni, int FB = 0, size_t FN = 0>
-HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
-                             attn::Row* const* rs, float* const* w, AScratch& scr) {
+HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+                             float* const* w, AScratch& scr) {
   const AF df;
   const B8 d8;
   const B16 d16;
@@ -3234,7 +3242,9 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   const CodecPlan* plan = MsePlanOf(vctx);
   const I16Book& z = vctx.i16;
   const size_t plen = z.nvec_v * kN32;
-  const size_t n = b - a, npairs = (n + 1) / 2;
+  size_t n = 0;
+  for (size_t i = 0; i < nvp; ++i) n += vp[i].b - vp[i].a;
+  const size_t npairs = (n + 1) / 2;
   // Code rows of the tile (nib, inreg: the rows themselves, or padded copies
   // where a plain load would leave the storage; else unpacked bytes); an odd
   // tile gets a zero twin.
@@ -3243,8 +3253,12 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
   HWY_ALIGN float vs[kTile + kL];
   float zs[kTile];  // int-asym: the rows' zeros
   scr.tile.resize((2 * npairs) * ulen + 64);
-  for (size_t t = 0; t < n; ++t) {
-    const uint8_t* src = s.v + (a + t) * s.v_stride;
+  size_t o = 0;  // the part's first token in the tile
+  for (size_t pi = 0; pi < nvp; ++pi) {
+  const attn::Seg& s = *vp[pi].s;
+  const size_t a = vp[pi].a, m = vp[pi].b - vp[pi].a;
+  for (size_t t = o; t < o + m; ++t) {
+    const uint8_t* src = s.v + (a + t - o) * s.v_stride;
     uint8_t* dst = scr.tile.data() + t * ulen;
     if (FB > 0 || z.nib || z.inreg) {
       if (FB > 0 || kMaskedCodes || z.extent <= s.v_stride) {
@@ -3259,23 +3273,28 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const attn::Seg& s, size_t a, s
       rows[t] = dst;
     }
   }
-  // Row scales (and int-asym zeros); consecutive fp16 scales a vector at a time.
+  // Row scales (and int-asym zeros); consecutive fp16 scales a vector at a
+  // time (Scales16 stores 16 lanes: past a part's end into the next part's,
+  // which overwrites them, or into vs's tail, zeroed below).
+  float* vso = vs + o;
   size_t t_sc = 0;
   if (!z.asym && plan->scale_f16 && s.vm_stride == 2) {
     const auto* h = reinterpret_cast<const hwy::float16_t*>(s.vm + a * 2);
-    for (; t_sc + kL <= n; t_sc += kL) hn::Store(hn::PromoteTo(df, hn::LoadU(AH(), h + t_sc)), df, vs + t_sc);
+    for (; t_sc + kL <= m; t_sc += kL) hn::StoreU(hn::PromoteTo(df, hn::LoadU(AH(), h + t_sc)), df, vso + t_sc);
   }
   if (!z.asym) {
     const bool vlead = MetaAfterCodes(s.v, s.vm, s.vm_stride);
-    for (; t_sc < n; t_sc += 16) {
-      Scales16(*plan, s.vm + (a + t_sc) * s.vm_stride, s.vm_stride, std::min<size_t>(16, n - t_sc), vs + t_sc, vlead);
+    for (; t_sc < m; t_sc += 16) {
+      Scales16(*plan, s.vm + (a + t_sc) * s.vm_stride, s.vm_stride, std::min<size_t>(16, m - t_sc), vso + t_sc, vlead);
     }
   }
-  for (size_t t = t_sc; t < n; ++t) vs[t] = Half(s.vm + (a + t) * s.vm_stride);
+  for (size_t t = t_sc; t < m; ++t) vso[t] = Half(s.vm + (a + t) * s.vm_stride);
   if (z.asym) {
-    for (size_t t = 0; t < n; ++t) {
-      zs[t] = Half(s.vm + (a + t) * s.vm_stride + 2) + static_cast<float>(1 << (z.bits - 1)) * vs[t];
+    for (size_t t = 0; t < m; ++t) {
+      zs[o + t] = Half(s.vm + (a + t) * s.vm_stride + 2) + static_cast<float>(1 << (z.bits - 1)) * vso[t];
     }
+  }
+  o += m;
   }
   if (n % 2) {
     std::memset(scr.tile.data() + n * ulen, 0, ulen);
@@ -3475,20 +3494,20 @@ HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   return false;
 }
 template <size_t NR>
-HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
-                           attn::Row* const* rs, float* const* w, AScratch& scr) {
+HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+                           float* const* w, AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = vctx.i16;
   if (!z.vnni || !(z.nib || z.inreg)) return false;
   switch (z.bits * 16 + static_cast<int>(z.nch)) {
 #define TQ_FIXED_CASE(B, N) \
-  case B * 16 + N: AccumMse16<NR, true, B, N>(vctx, s, a, b, rs, w, scr); return true;
+  case B * 16 + N: AccumMse16<NR, true, B, N>(vctx, vp, nvp, rs, w, scr); return true;
     TQ_FIXED_SHAPES(TQ_FIXED_CASE)
 #undef TQ_FIXED_CASE
     default: break;
   }
 #else
-  (void)vctx, (void)s, (void)a, (void)b, (void)rs, (void)w, (void)scr;
+  (void)vctx, (void)vp, (void)nvp, (void)rs, (void)w, (void)scr;
 #endif
   return false;
 }
@@ -3976,6 +3995,46 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
   }
 }
 
+#ifdef TQ_ATTN_I16
+// The integer value kernels over parts vp[0..nvp) of compressed rows.
+template <size_t NR>
+HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+                                float* const* w, AScratch& scr) {
+  if (AccumFixed<NR>(vctx, vp, nvp, rs, w, scr)) return;
+  if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, vp, nvp, rs, w, scr);
+  return AccumMse16<NR, false>(vctx, vp, nvp, rs, w, scr);
+}
+
+// Rows' softmax sums over the n weights of compressed values (for the
+// value mean: Row::lc).
+template <size_t NR>
+HWY_INLINE void AddCompressedWeights(attn::Row* const* rs, const float* const* w, size_t n) {
+  const AF df;
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    size_t t = 0;
+    AV sv = hn::Zero(df);
+    for (; t + kL <= n; t += kL) sv = hn::Add(sv, hn::LoadU(df, w[r] + t));
+    float sum = hn::GetLane(hn::SumOfLanes(df, sv));
+    for (; t < n; ++t) sum += w[r][t];
+    rs[r]->lc += sum;
+  }
+}
+
+// A tile's values over several parts of compressed rows (a paged cache's
+// pages) in one call of the integer kernels: their fixed cost a call (the
+// weights' rounding to int16, the flush of the int32 sums) had been paid
+// a page.
+template <size_t NR>
+HWY_INLINE void AccumGroupParts(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+                                float* const* w, AScratch& scr) {
+  size_t n = 0;
+  for (size_t i = 0; i < nvp; ++i) n += vp[i].b - vp[i].a;
+  AddCompressedWeights<NR>(rs, w, n);
+  AccumMse16Parts<NR>(vctx, vp, nvp, rs, w, scr);
+}
+#endif
+
 template <size_t NR>
 HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
                            attn::Row* const* rs, float* const* w, AScratch& scr) {
@@ -4000,9 +4059,8 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
 #ifdef TQ_ATTN_I16
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
-    if (AccumFixed<NR>(vctx, s, a, b, rs, w, scr)) return;
-    if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, s, a, b, rs, w, scr);
-    return AccumMse16<NR, false>(vctx, s, a, b, rs, w, scr);
+    const VPart part{&s, a, b};
+    return AccumMse16Parts<NR>(vctx, &part, 1, rs, w, scr);
   }
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
@@ -4492,6 +4550,27 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       }
       row.accumulated += acc_n;
     }
+#ifdef TQ_ATTN_I16
+    // A tile of several runs of compressed rows (pages) whose values the
+    // integer kernels sum: one call for the tile, the rows gathered from the
+    // runs (the weights are one logits row).
+    if (vctx.i16.on && !(many && task.vc->fast_mse && !v_int)) {
+      VPart vp[kTile];
+      size_t nvp = 0;
+      bool all = true;
+      parts([&](const attn::Seg& s, size_t a, size_t b, float* const*) {
+        all = all && s.compressed;
+        vp[nvp++] = {&s, a - s.pos0, b - s.pos0};
+      });
+      if (all && nvp > 1) {
+        for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+          const size_t nr = std::min(kGroup, nact - g0);
+          WithRows(nr, [&](auto NR) { AccumGroupParts<NR()>(vctx, vp, nvp, act + g0, lg + g0, scr); });
+        }
+        continue;
+      }
+    }
+#endif
     parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
       const size_t np = b - a;
       const bool v_tile = many && (!s.compressed || (task.vc->fast_mse && !v_int));
