@@ -389,7 +389,7 @@ struct SplitVals {
 };
 
 // Rows [a, b) of a segment (a and b counted from its first row).
-struct VPart {
+struct SegPart {
   const attn::Seg* s;
   size_t a, b;
 };
@@ -1766,9 +1766,8 @@ const WordLut<4 * NPASS>& ValWordLut() {
 }
 
 template <int BITS, size_t NCH, size_t NR>
-HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                                attn::Row* const* rs, const float* koff, float* const* lg,
-                                AScratch& scr) {
+HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
+                                const float* koff, float* const* lg, AScratch& scr) {
   using S = FixedShape<BITS>;
   constexpr size_t NL = S::kNib ? NCH : (NCH + S::kCPL - 1) / S::kCPL;
   constexpr size_t NV = S::kNib ? 4 * NCH : 2 * NCH;  // int16 query vectors a row
@@ -1790,53 +1789,61 @@ HWY_NOINLINE void ScoreI16Fixed(const KeyCtx& ctx, const attn::Seg& s, size_t a,
 
   // The NR partial-sum vectors of token t.
   const size_t nvl = (vbytes + 63) / 64;
-  const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
-  const bool fol = Follows(s, b);
-  auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
-    const uint8_t* row = s.k + t * s.k_stride;
-    hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
-    const uint8_t* vrow = s.v + t * s.v_stride;
-    // The first two lines unrolled: the plain loop measured 2-11% slower
-    // for k4_v4 / k3_v3 at 32K tokens (GCC 12, two threads, alternating).
-    if (nvl > 0) hwy::Prefetch(vrow);
-    if (nvl > 1) hwy::Prefetch(vrow + 64);
-    for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
-    __m512i x[NL];
-    HWY_UNROLL(8)
-    for (size_t l = 0; l < NL; ++l) x[l] = _mm512_maskz_loadu_epi8(lm[l], row + l * S::kLB);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
-    HWY_UNROLL(8)
-    for (size_t c = 0; c < NCH; ++c) {
-      if constexpr (S::kNib) {
-        __m512i c0, c1, c2, c3;
-        Cent16Fixed(tlo, thi, x[c], &c0, &c1);
-        Cent16Fixed(tlo, thi, _mm512_srli_epi16(x[c], 4), &c2, &c3);
-        DotRows<NR>(acc, {c0, c1, c2, c3}, q, 4 * c * kN16);
-      } else {
-        const __m512i xs = x[c / S::kCPL];
-        DotRows<NR>(acc, {ExpandWords(*wl, 2 * c, xs, t16), ExpandWords(*wl, 2 * c + 1, xs, t16)}, q,
-                    2 * c * kN16);
+  // The parts (runs of rows: a segment's tile, or a tile's pages) in
+  // order, each written at its offset in the tile's logits.
+  size_t off = 0;
+  for (size_t pi = 0; pi < nsp; ++pi) {
+    const attn::Seg& s = *sp[pi].s;
+    const size_t a = sp[pi].a, b = sp[pi].b;
+    const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
+    const bool fol = Follows(s, b);
+    auto token = [&](size_t t, __m512i* acc) __attribute__((always_inline)) {
+      const uint8_t* row = s.k + t * s.k_stride;
+      hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
+      const uint8_t* vrow = s.v + t * s.v_stride;
+      // The first two lines unrolled: the plain loop measured 2-11% slower
+      // for k4_v4 / k3_v3 at 32K tokens (GCC 12, two threads, alternating).
+      if (nvl > 0) hwy::Prefetch(vrow);
+      if (nvl > 1) hwy::Prefetch(vrow + 64);
+      for (size_t o = 2; o < nvl; ++o) hwy::Prefetch(vrow + 64 * o);
+      __m512i x[NL];
+      HWY_UNROLL(8)
+      for (size_t l = 0; l < NL; ++l) x[l] = _mm512_maskz_loadu_epi8(lm[l], row + l * S::kLB);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+      HWY_UNROLL(8)
+      for (size_t c = 0; c < NCH; ++c) {
+        if constexpr (S::kNib) {
+          __m512i c0, c1, c2, c3;
+          Cent16Fixed(tlo, thi, x[c], &c0, &c1);
+          Cent16Fixed(tlo, thi, _mm512_srli_epi16(x[c], 4), &c2, &c3);
+          DotRows<NR>(acc, {c0, c1, c2, c3}, q, 4 * c * kN16);
+        } else {
+          const __m512i xs = x[c / S::kCPL];
+          DotRows<NR>(acc, {ExpandWords(*wl, 2 * c, xs, t16), ExpandWords(*wl, 2 * c + 1, xs, t16)}, q,
+                      2 * c * kN16);
+        }
+      }
+    };
+    static_assert(NV <= 8, "query vectors of one row");
+    for (size_t t0 = a; t0 < b; t0 += 16) {
+      const size_t nt = std::min<size_t>(16, b - t0);
+      HWY_ALIGN float sc[16] = {};
+      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
+      __m512 tot[NR];
+      Sum16<NR>(token, t0, nt, tot);
+      const __m512 scv = _mm512_load_ps(sc);
+      const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], scv), _mm512_set1_ps(qi[r]),
+                                         _mm512_set1_ps(koff[r]));
+        _mm512_mask_storeu_ps(lg[r] + off + (t0 - a), om, l);
       }
     }
-  };
-  static_assert(NV <= 8, "query vectors of one row");
-  for (size_t t0 = a; t0 < b; t0 += 16) {
-    const size_t nt = std::min<size_t>(16, b - t0);
-    HWY_ALIGN float sc[16] = {};
-    Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
-    __m512 tot[NR];
-    Sum16<NR>(token, t0, nt, tot);
-    const __m512 scv = _mm512_load_ps(sc);
-    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], scv), _mm512_set1_ps(qi[r]),
-                                       _mm512_set1_ps(koff[r]));
-      _mm512_mask_storeu_ps(lg[r] + (t0 - a), om, l);
-    }
+    (void)df;
+    off += b - a;
   }
-  (void)df;
 }
 
 // 2- and 3-bit keys at head_dim 128 with tokens in lanes (ScoreTok): a
@@ -1965,9 +1972,8 @@ HWY_INLINE void TransposeRows(const __m512i (&R)[16], int32_t (*dw)[16]) {
   }
 }
 template <int BITS, size_t NR>
-HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                           attn::Row* const* rs, const float* koff, float* const* lg,
-                           AScratch& scr) {
+HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
+                           const float* koff, float* const* lg, AScratch& scr) {
   constexpr size_t NW = 4 * BITS;  // words a row
   const attn::Task& task = *ctx.task;
   const CodecPlan& plan = *ctx.kc->groups[0].plan;
@@ -1986,111 +1992,119 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   const size_t nvl = (vbytes + 63) / 64;
   HWY_ALIGN int32_t dw[NW + 1][16];
-  const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
-  // KVCache rows hold the fp16 scale right behind the codes: the rows are
-  // loaded with it (byte mask: nothing past the scale is read) and the
-  // transpose puts the 16 scales in one vector (was a gather).
-  const bool inrow = plan.scale_f16 && s.km == s.k + 4 * NW && s.km_stride == s.k_stride;
-  const bool fol = Follows(s, b);
-  // The rows of a block by byte-masked loads of their NW code words (and
-  // the scale: kMask a compile-time constant, as a run-time mask measured
-  // 1.5% slower).
-  auto load_rows = [&](auto kMask, size_t t0, const uint8_t* kr, const uint8_t* vr, size_t nt, __m512i* R)
-                       __attribute__((always_inline)) {
-    constexpr __mmask64 lm = decltype(kMask)::value;
-    const size_t ks = s.k_stride, vs = s.v_stride;
-    if (nt == 16) {
-      HWY_UNROLL(16)
-      for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(lm, kr + i * ks);
-      // The key stream kTokAhead rows ahead and this block's value rows.
-      HWY_UNROLL(16)
-      for (size_t i = 0; i < 16; ++i) hwy::Prefetch(fol ? AheadK(s, t0 + kTokAhead + i) : kr + (kTokAhead + i) * ks);
-      for (size_t o = 0; o < nvl; ++o) {
+  // The parts (runs of rows: a segment's tile, or a tile's pages) in
+  // order, each written at its offset in the tile's logits.
+  size_t off = 0;
+  for (size_t pi = 0; pi < nsp; ++pi) {
+    const attn::Seg& s = *sp[pi].s;
+    const size_t a = sp[pi].a, b = sp[pi].b;
+    const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
+    // KVCache rows hold the fp16 scale right behind the codes: the rows are
+    // loaded with it (byte mask: nothing past the scale is read) and the
+    // transpose puts the 16 scales in one vector (was a gather).
+    const bool inrow = plan.scale_f16 && s.km == s.k + 4 * NW && s.km_stride == s.k_stride;
+    const bool fol = Follows(s, b);
+    // The rows of a block by byte-masked loads of their NW code words (and
+    // the scale: kMask a compile-time constant, as a run-time mask measured
+    // 1.5% slower).
+    auto load_rows = [&](auto kMask, size_t t0, const uint8_t* kr, const uint8_t* vr, size_t nt, __m512i* R)
+                         __attribute__((always_inline)) {
+      constexpr __mmask64 lm = decltype(kMask)::value;
+      const size_t ks = s.k_stride, vs = s.v_stride;
+      if (nt == 16) {
         HWY_UNROLL(16)
-        for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
-      }
-    } else {
-      for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(lm, kr + std::min(i, nt - 1) * ks);
-    }
-  };
-  using RowScaleMask = std::integral_constant<__mmask64, (__mmask64{1} << (4 * NW + 2)) - 1>;
-  using RowMask = std::integral_constant<__mmask64, (__mmask64{1} << (4 * NW)) - 1>;
-  for (size_t t0 = a; t0 < b; t0 += 16) {
-    const size_t nt = std::min<size_t>(16, b - t0);
-    {
-      // Rows past nt repeat the last one (their lanes are not stored).
-      __m512i R[16];
-      const uint8_t* kr = s.k + t0 * s.k_stride;
-      const uint8_t* vr = s.v + t0 * s.v_stride;
-      if (inrow) {
-        load_rows(RowScaleMask(), t0, kr, vr, nt, R);
-        TransposeRows<NW, true>(R, dw);
+        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(lm, kr + i * ks);
+        // The key stream kTokAhead rows ahead and this block's value rows.
+        HWY_UNROLL(16)
+        for (size_t i = 0; i < 16; ++i) hwy::Prefetch(fol ? AheadK(s, t0 + kTokAhead + i) : kr + (kTokAhead + i) * ks);
+        for (size_t o = 0; o < nvl; ++o) {
+          HWY_UNROLL(16)
+          for (size_t i = 0; i < 16; ++i) hwy::Prefetch(vr + i * vs + 64 * o);
+        }
       } else {
-        load_rows(RowMask(), t0, kr, vr, nt, R);
-        TransposeRows<NW>(R, dw);
+        for (size_t i = 0; i < 16; ++i) R[i] = _mm512_maskz_loadu_epi8(lm, kr + std::min(i, nt - 1) * ks);
+      }
+    };
+    using RowScaleMask = std::integral_constant<__mmask64, (__mmask64{1} << (4 * NW + 2)) - 1>;
+    using RowMask = std::integral_constant<__mmask64, (__mmask64{1} << (4 * NW)) - 1>;
+    for (size_t t0 = a; t0 < b; t0 += 16) {
+      const size_t nt = std::min<size_t>(16, b - t0);
+      {
+        // Rows past nt repeat the last one (their lanes are not stored).
+        __m512i R[16];
+        const uint8_t* kr = s.k + t0 * s.k_stride;
+        const uint8_t* vr = s.v + t0 * s.v_stride;
+        if (inrow) {
+          load_rows(RowScaleMask(), t0, kr, vr, nt, R);
+          TransposeRows<NW, true>(R, dw);
+        } else {
+          load_rows(RowMask(), t0, kr, vr, nt, R);
+          TransposeRows<NW>(R, dw);
+        }
+      }
+      __m512 scv;
+      if (inrow) {
+        scv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_load_si512(dw[NW])));
+      } else {
+        HWY_ALIGN float sc[16] = {};
+        Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
+        scv = _mm512_load_ps(sc);
+      }
+      __m512i acc[NR][4];
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
+      }
+      // Pair P (compile-time) from its index vector.
+      auto use = [&](auto P, __m512i idx) __attribute__((always_inline)) {
+        constexpr size_t p = decltype(P)::value;
+        const __m512i c = _mm512_permutexvar_epi16(idx, t16);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) acc[r][p % 4] = DpwssdB<static_cast<int>(p)>(acc[r][p % 4], c, qp[r]);
+      };
+      using std::integral_constant;
+      if constexpr (BITS == 3) {
+        auto triple = [&](auto M) __attribute__((always_inline)) {
+          constexpr size_t m = decltype(M)::value, o = 16 * m;
+          const __m512i A = _mm512_load_si512(dw[3 * m]), B = _mm512_load_si512(dw[3 * m + 1]),
+                        C = _mm512_load_si512(dw[3 * m + 2]);
+          auto cnt = [&](size_t j) { return _mm512_load_si512(cv.c[j]); };
+          // Pairs 0..12 from one word each: A holds 0..3, B 4..8, C 9..12.
+          [&]<size_t... J>(std::index_sequence<J...>) {
+            (use(integral_constant<size_t, o + J>(), _mm512_srlv_epi16(J < 4 ? A : J < 9 ? B : C, cnt(J))), ...);
+          }(std::make_index_sequence<13>());
+          use(integral_constant<size_t, o + 13>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(A, B, 12), cnt(13)));
+          use(integral_constant<size_t, o + 14>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(B, C, 30), cnt(14)));
+          use(integral_constant<size_t, o + 15>(),
+              _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_shrdi_epi32(A, B, 15), _mm512_srli_epi32(C, 13)));
+        };
+        triple(integral_constant<size_t, 0>());
+        triple(integral_constant<size_t, 1>());
+        triple(integral_constant<size_t, 2>());
+        triple(integral_constant<size_t, 3>());
+      } else {
+        constexpr size_t per = 16 / BITS;  // pairs a word
+        auto word = [&](auto W) __attribute__((always_inline)) {
+          constexpr size_t w = decltype(W)::value;
+          const __m512i D = _mm512_load_si512(dw[w]);
+          [&]<size_t... I>(std::index_sequence<I...>) {
+            (use(integral_constant<size_t, w * per + I>(), I == 0 ? D : _mm512_srli_epi16(D, I * BITS)), ...);
+          }(std::make_index_sequence<per>());
+        };
+        [&]<size_t... W>(std::index_sequence<W...>) { (word(integral_constant<size_t, W>()), ...); }(
+            std::make_index_sequence<NW>());
+      }
+      const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m512 tot = _mm512_add_ps(
+            _mm512_add_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_cvtepi32_ps(acc[r][1])),
+            _mm512_add_ps(_mm512_cvtepi32_ps(acc[r][2]), _mm512_cvtepi32_ps(acc[r][3])));
+        const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, scv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
+        _mm512_mask_storeu_ps(lg[r] + off + (t0 - a), om, l);
       }
     }
-    __m512 scv;
-    if (inrow) {
-      scv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_load_si512(dw[NW])));
-    } else {
-      HWY_ALIGN float sc[16] = {};
-      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
-      scv = _mm512_load_ps(sc);
-    }
-    __m512i acc[NR][4];
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
-    }
-    // Pair P (compile-time) from its index vector.
-    auto use = [&](auto P, __m512i idx) __attribute__((always_inline)) {
-      constexpr size_t p = decltype(P)::value;
-      const __m512i c = _mm512_permutexvar_epi16(idx, t16);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) acc[r][p % 4] = DpwssdB<static_cast<int>(p)>(acc[r][p % 4], c, qp[r]);
-    };
-    using std::integral_constant;
-    if constexpr (BITS == 3) {
-      auto triple = [&](auto M) __attribute__((always_inline)) {
-        constexpr size_t m = decltype(M)::value, o = 16 * m;
-        const __m512i A = _mm512_load_si512(dw[3 * m]), B = _mm512_load_si512(dw[3 * m + 1]),
-                      C = _mm512_load_si512(dw[3 * m + 2]);
-        auto cnt = [&](size_t j) { return _mm512_load_si512(cv.c[j]); };
-        // Pairs 0..12 from one word each: A holds 0..3, B 4..8, C 9..12.
-        [&]<size_t... J>(std::index_sequence<J...>) {
-          (use(integral_constant<size_t, o + J>(), _mm512_srlv_epi16(J < 4 ? A : J < 9 ? B : C, cnt(J))), ...);
-        }(std::make_index_sequence<13>());
-        use(integral_constant<size_t, o + 13>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(A, B, 12), cnt(13)));
-        use(integral_constant<size_t, o + 14>(), _mm512_srlv_epi16(_mm512_shrdi_epi32(B, C, 30), cnt(14)));
-        use(integral_constant<size_t, o + 15>(),
-            _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_shrdi_epi32(A, B, 15), _mm512_srli_epi32(C, 13)));
-      };
-      triple(integral_constant<size_t, 0>());
-      triple(integral_constant<size_t, 1>());
-      triple(integral_constant<size_t, 2>());
-      triple(integral_constant<size_t, 3>());
-    } else {
-      constexpr size_t per = 16 / BITS;  // pairs a word
-      auto word = [&](auto W) __attribute__((always_inline)) {
-        constexpr size_t w = decltype(W)::value;
-        const __m512i D = _mm512_load_si512(dw[w]);
-        [&]<size_t... I>(std::index_sequence<I...>) {
-          (use(integral_constant<size_t, w * per + I>(), I == 0 ? D : _mm512_srli_epi16(D, I * BITS)), ...);
-        }(std::make_index_sequence<per>());
-      };
-      [&]<size_t... W>(std::index_sequence<W...>) { (word(integral_constant<size_t, W>()), ...); }(
-          std::make_index_sequence<NW>());
-    }
-    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512 tot = _mm512_add_ps(
-          _mm512_add_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_cvtepi32_ps(acc[r][1])),
-          _mm512_add_ps(_mm512_cvtepi32_ps(acc[r][2]), _mm512_cvtepi32_ps(acc[r][3])));
-      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot, scv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
-      _mm512_mask_storeu_ps(lg[r] + (t0 - a), om, l);
-    }
+    off += b - a;
   }
 }
 #endif  // HWY_TARGET == HWY_AVX3_DL
@@ -3232,7 +3246,7 @@ HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, si
 // FB > 0 (AVX3_DL with VNNI): the fixed-shape inner loop for FB-bit codes in
 // FN chunks (see ScoreI16Fixed).
 template <size_t NR, bool kVnni, int FB = 0, size_t FN = 0>
-HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
                              float* const* w, AScratch& scr) {
   const AF df;
   const B8 d8;
@@ -3469,32 +3483,31 @@ HWY_INLINE bool ScoreGKeysAny(const KeyCtx& ctx, const attn::Seg& s, size_t a, s
 // one is compiled (true: it ran).
 #define TQ_FIXED_SHAPES(X) X(2, 1) X(2, 2) X(2, 4) X(3, 1) X(3, 2) X(3, 4) X(4, 1) X(4, 2)
 template <size_t NR>
-HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
-                           attn::Row* const* rs, const float* koff, float* const* lg,
-                           AScratch& scr) {
+HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
+                           const float* koff, float* const* lg, AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = ctx.i16;
   if (!z.vnni || !(z.nib || z.inreg)) return false;
   if (TokOk(z, ctx.task->d)) {
     switch (z.bits) {
-      case 2: ScoreTok<2, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
-      default: ScoreTok<3, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+      case 2: ScoreTok<2, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
+      default: ScoreTok<3, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
     }
   }
   switch (z.bits * 16 + static_cast<int>(z.nch)) {
 #define TQ_FIXED_CASE(B, N) \
-  case B * 16 + N: ScoreI16Fixed<B, N, NR>(ctx, s, a, b, rs, koff, lg, scr); return true;
+  case B * 16 + N: ScoreI16Fixed<B, N, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
     TQ_FIXED_SHAPES(TQ_FIXED_CASE)
 #undef TQ_FIXED_CASE
     default: break;
   }
 #else
-  (void)ctx, (void)s, (void)a, (void)b, (void)rs, (void)koff, (void)lg, (void)scr;
+  (void)ctx, (void)sp, (void)nsp, (void)rs, (void)koff, (void)lg, (void)scr;
 #endif
   return false;
 }
 template <size_t NR>
-HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
                            float* const* w, AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = vctx.i16;
@@ -3645,7 +3658,8 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->qrot;
 #ifdef TQ_ATTN_I16
       if (ctx.i16.on) {
-        if (ScoreFixed<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
+        const SegPart part{&s, a, b};
+        if (ScoreFixed<NR>(ctx, &part, 1, rs, koff, lg, scr)) return;
         if (ctx.i16.vnni) return ScoreMse16<NR, true>(ctx, s, a, b, rs, koff, lg, scr);
         return ScoreMse16<NR, false>(ctx, s, a, b, rs, koff, lg, scr);
       }
@@ -3655,7 +3669,8 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     case Fmt::kProd:
 #ifdef TQ_ATTN_I16
       if (ctx.i16.on) {  // (b-1)-bit MSE part and QJL signs, both as int16 dot products
-        if (ScoreFixed<NR>(ctx, s, a, b, rs, koff, lg, scr)) {  // AVX3_DL: MSE part, then the signs
+        const SegPart part{&s, a, b};
+        if (ScoreFixed<NR>(ctx, &part, 1, rs, koff, lg, scr)) {  // AVX3_DL: MSE part, then the signs
           return AddQjl16<NR, true>(ctx, s, a, b, rs, lg, scr);
         }
         if (ctx.i16.vnni) return ScoreMse16<NR, true, true>(ctx, s, a, b, rs, koff, lg, scr);
@@ -3998,7 +4013,7 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
 #ifdef TQ_ATTN_I16
 // The integer value kernels over parts vp[0..nvp) of compressed rows.
 template <size_t NR>
-HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
                                 float* const* w, AScratch& scr) {
   if (AccumFixed<NR>(vctx, vp, nvp, rs, w, scr)) return;
   if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, vp, nvp, rs, w, scr);
@@ -4026,7 +4041,7 @@ HWY_INLINE void AddCompressedWeights(attn::Row* const* rs, const float* const* w
 // weights' rounding to int16, the flush of the int32 sums) had been paid
 // a page.
 template <size_t NR>
-HWY_INLINE void AccumGroupParts(const KeyCtx& vctx, const VPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_INLINE void AccumGroupParts(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
                                 float* const* w, AScratch& scr) {
   size_t n = 0;
   for (size_t i = 0; i < nvp; ++i) n += vp[i].b - vp[i].a;
@@ -4059,7 +4074,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
 #ifdef TQ_ATTN_I16
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
-    const VPart part{&s, a, b};
+    const SegPart part{&s, a, b};
     return AccumMse16Parts<NR>(vctx, &part, 1, rs, w, scr);
   }
 #endif
@@ -4427,7 +4442,31 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
     k_int = kctx.i16.on && kctx.i16.vnni;
     v_int = vctx.i16.on && vctx.i16.vnni;
 #endif
-    parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
+    // The tile's runs as parts, and whether all are compressed rows (a
+    // tile of a paged cache's pages): the integer key and value kernels
+    // then take the tile in one call each, rows gathered from the runs
+    // (their fixed cost a call had been paid a page).
+    SegPart sp[kTile];
+    size_t nsp = 0;
+    bool all_comp = true;
+    parts([&](const attn::Seg& s, size_t a, size_t b, float* const*) {
+      all_comp = all_comp && s.compressed;
+      sp[nsp++] = {&s, a - s.pos0, b - s.pos0};
+    });
+    [[maybe_unused]] const bool multi = all_comp && nsp > 1;
+    bool keys_done = false;
+#ifdef TQ_ATTN_I16
+    if (multi && kctx.i16.on && task.kc->fmt == Fmt::kMse && !(many && task.kc->fast_mse && !k_int)) {
+      keys_done = true;
+      for (size_t g0 = 0; g0 < nact && keys_done; g0 += kGroup) {
+        const size_t nr = std::min(kGroup, nact - g0);
+        float koff[kGroup];
+        for (size_t r = 0; r < nr; ++r) koff[r] = act[g0 + r]->koff;
+        WithRows(nr, [&](auto NR) { keys_done = ScoreFixed<NR()>(kctx, sp, nsp, act + g0, koff, lg + g0, scr); });
+      }
+    }
+#endif
+    if (!keys_done) parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
       const size_t np = b - a;
       const bool k_tile =
           many && (!s.compressed || (task.kc->fmt == Fmt::kMse && task.kc->fast_mse && !k_int));
@@ -4551,24 +4590,12 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
       row.accumulated += acc_n;
     }
 #ifdef TQ_ATTN_I16
-    // A tile of several runs of compressed rows (pages) whose values the
-    // integer kernels sum: one call for the tile, the rows gathered from the
-    // runs (the weights are one logits row).
-    if (vctx.i16.on && !(many && task.vc->fast_mse && !v_int)) {
-      VPart vp[kTile];
-      size_t nvp = 0;
-      bool all = true;
-      parts([&](const attn::Seg& s, size_t a, size_t b, float* const*) {
-        all = all && s.compressed;
-        vp[nvp++] = {&s, a - s.pos0, b - s.pos0};
-      });
-      if (all && nvp > 1) {
-        for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
-          const size_t nr = std::min(kGroup, nact - g0);
-          WithRows(nr, [&](auto NR) { AccumGroupParts<NR()>(vctx, vp, nvp, act + g0, lg + g0, scr); });
-        }
-        continue;
+    if (multi && vctx.i16.on && !(many && task.vc->fast_mse && !v_int)) {
+      for (size_t g0 = 0; g0 < nact; g0 += kGroup) {
+        const size_t nr = std::min(kGroup, nact - g0);
+        WithRows(nr, [&](auto NR) { AccumGroupParts<NR()>(vctx, sp, nsp, act + g0, lg + g0, scr); });
       }
+      continue;
     }
 #endif
     parts([&](const attn::Seg& s, size_t a, size_t b, float* const* lgp) {
