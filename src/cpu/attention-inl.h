@@ -3237,7 +3237,7 @@ HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, si
   }
 }
 
-// Value sums of rows rs over the tokens of parts vp[0..nvp) (runs of
+// Value sums of rows rs over the tokens of parts sp[0..nsp) (runs of
 // compressed rows, in position order: a tile of one segment, or of several
 // pages, whose weights w[r] are contiguous): weights (softmax weight x row
 // scale) of each row rounded to int16 against the tile's largest, tokens
@@ -3246,7 +3246,7 @@ HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, si
 // FB > 0 (AVX3_DL with VNNI): the fixed-shape inner loop for FB-bit codes in
 // FN chunks (see ScoreI16Fixed).
 template <size_t NR, bool kVnni, int FB = 0, size_t FN = 0>
-HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                              float* const* w, AScratch& scr) {
   const AF df;
   const B8 d8;
@@ -3257,7 +3257,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* vp, size_t nvp, 
   const I16Book& z = vctx.i16;
   const size_t plen = z.nvec_v * kN32;
   size_t n = 0;
-  for (size_t i = 0; i < nvp; ++i) n += vp[i].b - vp[i].a;
+  for (size_t i = 0; i < nsp; ++i) n += sp[i].b - sp[i].a;
   const size_t npairs = (n + 1) / 2;
   // Code rows of the tile (nib, inreg: the rows themselves, or padded copies
   // where a plain load would leave the storage; else unpacked bytes); an odd
@@ -3268,47 +3268,47 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* vp, size_t nvp, 
   float zs[kTile];  // int-asym: the rows' zeros
   scr.tile.resize((2 * npairs) * ulen + 64);
   size_t o = 0;  // the part's first token in the tile
-  for (size_t pi = 0; pi < nvp; ++pi) {
-  const attn::Seg& s = *vp[pi].s;
-  const size_t a = vp[pi].a, m = vp[pi].b - vp[pi].a;
-  for (size_t t = o; t < o + m; ++t) {
-    const uint8_t* src = s.v + (a + t - o) * s.v_stride;
-    uint8_t* dst = scr.tile.data() + t * ulen;
-    if (FB > 0 || z.nib || z.inreg) {
-      if (FB > 0 || kMaskedCodes || z.extent <= s.v_stride) {
-        rows[t] = src;
+  for (size_t pi = 0; pi < nsp; ++pi) {
+    const attn::Seg& s = *sp[pi].s;
+    const size_t a = sp[pi].a, m = sp[pi].b - sp[pi].a;
+    for (size_t t = o; t < o + m; ++t) {
+      const uint8_t* src = s.v + (a + t - o) * s.v_stride;
+      uint8_t* dst = scr.tile.data() + t * ulen;
+      if (FB > 0 || z.nib || z.inreg) {
+        if (FB > 0 || kMaskedCodes || z.extent <= s.v_stride) {
+          rows[t] = src;
+        } else {
+          std::memcpy(dst, src, z.nbytes);
+          std::memset(dst + z.nbytes, 0, ulen - z.nbytes);
+          rows[t] = dst;
+        }
       } else {
-        std::memcpy(dst, src, z.nbytes);
-        std::memset(dst + z.nbytes, 0, ulen - z.nbytes);
+        Unpack(src, task.d, z.bits, dst, z.nbytes);
         rows[t] = dst;
       }
-    } else {
-      Unpack(src, task.d, z.bits, dst, z.nbytes);
-      rows[t] = dst;
     }
-  }
-  // Row scales (and int-asym zeros); consecutive fp16 scales a vector at a
-  // time (Scales16 stores 16 lanes: past a part's end into the next part's,
-  // which overwrites them, or into vs's tail, zeroed below).
-  float* vso = vs + o;
-  size_t t_sc = 0;
-  if (!z.asym && plan->scale_f16 && s.vm_stride == 2) {
-    const auto* h = reinterpret_cast<const hwy::float16_t*>(s.vm + a * 2);
-    for (; t_sc + kL <= m; t_sc += kL) hn::StoreU(hn::PromoteTo(df, hn::LoadU(AH(), h + t_sc)), df, vso + t_sc);
-  }
-  if (!z.asym) {
-    const bool vlead = MetaAfterCodes(s.v, s.vm, s.vm_stride);
-    for (; t_sc < m; t_sc += 16) {
-      Scales16(*plan, s.vm + (a + t_sc) * s.vm_stride, s.vm_stride, std::min<size_t>(16, m - t_sc), vso + t_sc, vlead);
+    // Row scales (and int-asym zeros); consecutive fp16 scales a vector at a
+    // time (Scales16 stores 16 lanes: past a part's end into the next part's,
+    // which overwrites them, or into vs's tail, zeroed below).
+    float* vso = vs + o;
+    size_t t_sc = 0;
+    if (!z.asym && plan->scale_f16 && s.vm_stride == 2) {
+      const auto* h = reinterpret_cast<const hwy::float16_t*>(s.vm + a * 2);
+      for (; t_sc + kL <= m; t_sc += kL) hn::StoreU(hn::PromoteTo(df, hn::LoadU(AH(), h + t_sc)), df, vso + t_sc);
     }
-  }
-  for (size_t t = t_sc; t < m; ++t) vso[t] = Half(s.vm + (a + t) * s.vm_stride);
-  if (z.asym) {
-    for (size_t t = 0; t < m; ++t) {
-      zs[o + t] = Half(s.vm + (a + t) * s.vm_stride + 2) + static_cast<float>(1 << (z.bits - 1)) * vso[t];
+    if (!z.asym) {
+      const bool vlead = MetaAfterCodes(s.v, s.vm, s.vm_stride);
+      for (; t_sc < m; t_sc += 16) {
+        Scales16(*plan, s.vm + (a + t_sc) * s.vm_stride, s.vm_stride, std::min<size_t>(16, m - t_sc), vso + t_sc, vlead);
+      }
     }
-  }
-  o += m;
+    for (size_t t = t_sc; t < m; ++t) vso[t] = Half(s.vm + (a + t) * s.vm_stride);
+    if (z.asym) {
+      for (size_t t = 0; t < m; ++t) {
+        zs[o + t] = Half(s.vm + (a + t) * s.vm_stride + 2) + static_cast<float>(1 << (z.bits - 1)) * vso[t];
+      }
+    }
+    o += m;
   }
   if (n % 2) {
     std::memset(scr.tile.data() + n * ulen, 0, ulen);
@@ -3507,20 +3507,20 @@ HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const SegPart* sp, size_t nsp, att
   return false;
 }
 template <size_t NR>
-HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                            float* const* w, AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
   const I16Book& z = vctx.i16;
   if (!z.vnni || !(z.nib || z.inreg)) return false;
   switch (z.bits * 16 + static_cast<int>(z.nch)) {
 #define TQ_FIXED_CASE(B, N) \
-  case B * 16 + N: AccumMse16<NR, true, B, N>(vctx, vp, nvp, rs, w, scr); return true;
+  case B * 16 + N: AccumMse16<NR, true, B, N>(vctx, sp, nsp, rs, w, scr); return true;
     TQ_FIXED_SHAPES(TQ_FIXED_CASE)
 #undef TQ_FIXED_CASE
     default: break;
   }
 #else
-  (void)vctx, (void)vp, (void)nvp, (void)rs, (void)w, (void)scr;
+  (void)vctx, (void)sp, (void)nsp, (void)rs, (void)w, (void)scr;
 #endif
   return false;
 }
@@ -4011,13 +4011,13 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
 }
 
 #ifdef TQ_ATTN_I16
-// The integer value kernels over parts vp[0..nvp) of compressed rows.
+// The integer value kernels over parts sp[0..nsp) of compressed rows.
 template <size_t NR>
-HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                                 float* const* w, AScratch& scr) {
-  if (AccumFixed<NR>(vctx, vp, nvp, rs, w, scr)) return;
-  if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, vp, nvp, rs, w, scr);
-  return AccumMse16<NR, false>(vctx, vp, nvp, rs, w, scr);
+  if (AccumFixed<NR>(vctx, sp, nsp, rs, w, scr)) return;
+  if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, sp, nsp, rs, w, scr);
+  return AccumMse16<NR, false>(vctx, sp, nsp, rs, w, scr);
 }
 
 // Rows' softmax sums over the n weights of compressed values (for the
@@ -4041,12 +4041,12 @@ HWY_INLINE void AddCompressedWeights(attn::Row* const* rs, const float* const* w
 // weights' rounding to int16, the flush of the int32 sums) had been paid
 // a page.
 template <size_t NR>
-HWY_INLINE void AccumGroupParts(const KeyCtx& vctx, const SegPart* vp, size_t nvp, attn::Row* const* rs,
+HWY_INLINE void AccumGroupParts(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                                 float* const* w, AScratch& scr) {
   size_t n = 0;
-  for (size_t i = 0; i < nvp; ++i) n += vp[i].b - vp[i].a;
+  for (size_t i = 0; i < nsp; ++i) n += sp[i].b - sp[i].a;
   AddCompressedWeights<NR>(rs, w, n);
-  AccumMse16Parts<NR>(vctx, vp, nvp, rs, w, scr);
+  AccumMse16Parts<NR>(vctx, sp, nsp, rs, w, scr);
 }
 #endif
 
