@@ -80,15 +80,11 @@ Timing Summarize(std::vector<double> ms) {
 }
 
 // Runs both `warmup` times, then `reps` times alternating a and b, so that
-// load from other processes lands on both alike. `blocks`: all of a's reps,
-// then all of b's (each side then finds its own data in the caches, as a
+// load from other processes lands on both alike. `blocks`: a's warm-up and
+// reps, then b's (each side then finds its own data in the caches, as a
 // loop over one side would; no load balance between the two).
 template <typename FnA, typename FnB>
 void TimePair(size_t warmup, size_t reps, bool blocks, FnA&& a, FnB&& b, Timing* ta, Timing* tb) {
-  for (size_t i = 0; i < warmup; ++i) {
-    a();
-    b();
-  }
   std::vector<double> ma, mb;
   auto time = [](auto&& fn) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -100,19 +96,21 @@ void TimePair(size_t warmup, size_t reps, bool blocks, FnA&& a, FnB&& b, Timing*
     for (size_t i = 0; i < reps; ++i) ma.push_back(time(a));
     for (size_t i = 0; i < warmup; ++i) b();
     for (size_t i = 0; i < reps; ++i) mb.push_back(time(b));
-    *ta = Summarize(std::move(ma));
-    *tb = Summarize(std::move(mb));
-    return;
-  }
-  // ABBA order: each side runs first in half the reps, so neither gains
-  // from what the other leaves in the caches or from running second.
-  for (size_t i = 0; i < reps; ++i) {
-    if (i % 2 == 0) {
-      ma.push_back(time(a));
-      mb.push_back(time(b));
-    } else {
-      mb.push_back(time(b));
-      ma.push_back(time(a));
+  } else {
+    for (size_t i = 0; i < warmup; ++i) {
+      a();
+      b();
+    }
+    // ABBA order: each side runs first in half the reps, so neither gains
+    // from what the other leaves in the caches or from running second.
+    for (size_t i = 0; i < reps; ++i) {
+      if (i % 2 == 0) {
+        ma.push_back(time(a));
+        mb.push_back(time(b));
+      } else {
+        mb.push_back(time(b));
+        ma.push_back(time(a));
+      }
     }
   }
   *ta = Summarize(std::move(ma));

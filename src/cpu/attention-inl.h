@@ -648,8 +648,8 @@ constexpr size_t kTokAhead = 64;
 // stride), t counted from s's first row and possibly past its end: then
 // the row of the following segments at that position (prefetch hints only).
 // Without it the prefetches of a paged cache's 16-row pages had gone to
-// other heads' rows of the same page (fp16 rows: paged decode 0.62-0.68x of
-// contiguous rows at 4K tokens).
+// other heads' rows of the same page (fp16 rows at 16-token pages, 4K
+// tokens: paged decode at 0.62-0.68x of the dense baseline, 0.82-0.85x with).
 template <const uint8_t* attn::Seg::*P, size_t attn::Seg::*S>
 HWY_INLINE const uint8_t* Ahead(const attn::Seg& s, size_t t) {
   const attn::Seg* p = &s;
@@ -4010,16 +4010,6 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
   }
 }
 
-#ifdef TQ_ATTN_I16
-// The integer value kernels over parts sp[0..nsp) of compressed rows.
-template <size_t NR>
-HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
-                                float* const* w, AScratch& scr) {
-  if (AccumFixed<NR>(vctx, sp, nsp, rs, w, scr)) return;
-  if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, sp, nsp, rs, w, scr);
-  return AccumMse16<NR, false>(vctx, sp, nsp, rs, w, scr);
-}
-
 // Rows' softmax sums over the n weights of compressed values (for the
 // value mean: Row::lc).
 template <size_t NR>
@@ -4034,6 +4024,16 @@ HWY_INLINE void AddCompressedWeights(attn::Row* const* rs, const float* const* w
     for (; t < n; ++t) sum += w[r][t];
     rs[r]->lc += sum;
   }
+}
+
+#ifdef TQ_ATTN_I16
+// The integer value kernels over parts sp[0..nsp) of compressed rows.
+template <size_t NR>
+HWY_INLINE void AccumMse16Parts(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
+                                float* const* w, AScratch& scr) {
+  if (AccumFixed<NR>(vctx, sp, nsp, rs, w, scr)) return;
+  if (vctx.i16.vnni) return AccumMse16<NR, true>(vctx, sp, nsp, rs, w, scr);
+  return AccumMse16<NR, false>(vctx, sp, nsp, rs, w, scr);
 }
 
 // A tile's values over several parts of compressed rows (a paged cache's
@@ -4060,18 +4060,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
     return AccumDecoded<NR>(MakeInfo(task.dense_fmt, nullptr, nullptr), s, a, b, d, rs, w, scr);
   }
   const attn::Comp& vc = *vctx.kc;
-  {
-    const AF df;
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      size_t t = 0;
-      AV sv = hn::Zero(df);
-      for (; t + kL <= n; t += kL) sv = hn::Add(sv, hn::LoadU(df, w[r] + t));
-      float sum = hn::GetLane(hn::SumOfLanes(df, sv));
-      for (; t < n; ++t) sum += w[r][t];
-      rs[r]->lc += sum;
-    }
-  }
+  AddCompressedWeights<NR>(rs, w, n);
 #ifdef TQ_ATTN_I16
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
     const SegPart part{&s, a, b};
