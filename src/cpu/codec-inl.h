@@ -566,51 +566,59 @@ HWY_NOINLINE void HadamardInverseBlock(float* y, const float* s1, const float* s
 // they exceed L1; four rows per pass cut that traffic fourfold.
 constexpr size_t kMatRows = 4;
 
-// y_r[j] (+)= sum_i mt[i * cols + j] * x_r[i] for R rows r, i ascending
-// (ref::MatTVec when accumulate is false: y starts at 0.0f). Vectorized
-// across j, so each output sees the reference's exact sequence of roundings.
+// Columns [j, j + NC * kN) of R rows: NC x R accumulators, one pass over
+// the matrix rows. Vectorized across j, so each output sees the reference's
+// exact sequence of roundings (ref::MatTVec when accumulate is false: y
+// starts at 0.0f).
+template <size_t R, size_t NC>
+HWY_INLINE void MatTVecPass(const float* HWY_RESTRICT mt, const float* const* x, size_t rows,
+                            size_t cols, float* const* y, bool accumulate, size_t j) {
+  const DF d;
+  VF acc[R][NC];
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t c = 0; c < NC; ++c) acc[r][c] = accumulate ? hn::LoadU(d, y[r] + j + c * kN) : hn::Zero(d);
+  }
+  const float* p = mt + j;
+  for (size_t i = 0; i < rows; ++i, p += cols) {
+    VF col[NC];
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < NC; ++c) col[c] = hn::LoadU(d, p + c * kN);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < R; ++r) {
+      const VF xi = hn::Set(d, x[r][i]);
+      HWY_UNROLL(8)
+      for (size_t c = 0; c < NC; ++c) acc[r][c] = hn::Add(acc[r][c], hn::Mul(col[c], xi));
+    }
+  }
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t c = 0; c < NC; ++c) hn::StoreU(acc[r][c], d, y[r] + j + c * kN);
+  }
+}
+
+// y_r[j] (+)= sum_i mt[i * cols + j] * x_r[i] for R rows r, i ascending.
 // Eight accumulators in flight (8/R vectors of columns x R rows) hide the add
-// latency.
+// latency; the columns left over (fewer than 8/R vectors, e.g. the 6 of a
+// 96-wide QJL sketch with one row) go in one more pass with as many
+// accumulators as they have vectors, not a pass a vector (one accumulator
+// chained over every matrix row waits on the add latency at each row).
 template <size_t R>
 HWY_INLINE void MatTVecR(const float* HWY_RESTRICT mt, const float* const* x, size_t rows,
                          size_t cols, float* const* y, bool accumulate) {
-  const DF d;
   constexpr size_t kCols = 8 / R;  // vectors of columns per pass
   size_t j = 0;
-  for (; j + kCols * kN <= cols; j += kCols * kN) {
-    VF acc[R][kCols];
-    for (size_t r = 0; r < R; ++r) {
-      for (size_t c = 0; c < kCols; ++c) {
-        acc[r][c] = accumulate ? hn::LoadU(d, y[r] + j + c * kN) : hn::Zero(d);
-      }
-    }
-    const float* p = mt + j;
-    for (size_t i = 0; i < rows; ++i, p += cols) {
-      VF col[kCols];
-      HWY_UNROLL(8)
-      for (size_t c = 0; c < kCols; ++c) col[c] = hn::LoadU(d, p + c * kN);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < R; ++r) {
-        const VF xi = hn::Set(d, x[r][i]);
-        HWY_UNROLL(8)
-        for (size_t c = 0; c < kCols; ++c) acc[r][c] = hn::Add(acc[r][c], hn::Mul(col[c], xi));
-      }
-    }
-    for (size_t r = 0; r < R; ++r) {
-      for (size_t c = 0; c < kCols; ++c) hn::StoreU(acc[r][c], d, y[r] + j + c * kN);
-    }
+  for (; j + kCols * kN <= cols; j += kCols * kN) MatTVecPass<R, kCols>(mt, x, rows, cols, y, accumulate, j);
+  const size_t nv = (cols - j) / kN;  // < kCols
+  switch (nv) {
+    case 0: break;
+    case 1: MatTVecPass<R, 1>(mt, x, rows, cols, y, accumulate, j); break;
+    case 2: if constexpr (kCols > 2) MatTVecPass<R, 2>(mt, x, rows, cols, y, accumulate, j); break;
+    case 3: if constexpr (kCols > 3) MatTVecPass<R, 3>(mt, x, rows, cols, y, accumulate, j); break;
+    case 4: if constexpr (kCols > 4) MatTVecPass<R, 4>(mt, x, rows, cols, y, accumulate, j); break;
+    case 5: if constexpr (kCols > 5) MatTVecPass<R, 5>(mt, x, rows, cols, y, accumulate, j); break;
+    case 6: if constexpr (kCols > 6) MatTVecPass<R, 6>(mt, x, rows, cols, y, accumulate, j); break;
+    default: if constexpr (kCols > 7) MatTVecPass<R, 7>(mt, x, rows, cols, y, accumulate, j); break;
   }
-  for (; j + kN <= cols; j += kN) {
-    VF acc[R];
-    for (size_t r = 0; r < R; ++r) acc[r] = accumulate ? hn::LoadU(d, y[r] + j) : hn::Zero(d);
-    const float* p = mt + j;
-    for (size_t i = 0; i < rows; ++i, p += cols) {
-      const VF col = hn::LoadU(d, p);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < R; ++r) acc[r] = hn::Add(acc[r], hn::Mul(col, hn::Set(d, x[r][i])));
-    }
-    for (size_t r = 0; r < R; ++r) hn::StoreU(acc[r], d, y[r] + j);
-  }
+  j += nv * kN;
   for (; j < cols; ++j) {
     for (size_t r = 0; r < R; ++r) {
       float a = accumulate ? y[r][j] : 0.0f;
