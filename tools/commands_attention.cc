@@ -42,13 +42,22 @@ std::vector<std::string> SplitList(const std::string& s) {
   return out;
 }
 
+// The bench's null comparison: a second copy of the dense fp16 K/V through
+// the dense kernel, timed as a compressed preset would be. Its speedup is
+// 1.00x but for the run's noise and where the allocator put the copy.
+constexpr const char* kDenseCopy = "dense-copy";
+
 // Fails with the list of known presets when a name is unknown or the preset
 // does not exist at this head_dim.
 void CheckPresets(const std::vector<std::string>& presets, size_t head_dim) {
   if (presets.empty()) Fail(InvalidArgumentError("--preset needs at least one preset name"));
   for (const auto& p : presets) {
+    if (p == kDenseCopy) continue;
     auto preset = GetKVPreset(p);
-    if (!preset.ok()) Fail(preset.status());
+    if (!preset.ok()) {
+      Fail(InvalidArgumentError(preset.status().message() + "; or " + kDenseCopy +
+                                " (the bench's null comparison)"));
+    }
     auto bytes = PresetBytesPerTokenHead(*preset, head_dim);
     if (!bytes.ok()) {
       Fail(InvalidArgumentError("--preset " + p + " is not available at head_dim " +
@@ -157,8 +166,12 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   const size_t pages_per_seq = paged ? (C + a.block_size - 1) / a.block_size : 0;
   std::vector<KVCache> caches;
   std::vector<PagedKVCache> pcaches;  // --block-size: one pool per preset, B sequences
+  std::vector<size_t> cache_of;       // preset -> its cache (dense-copy: none)
   for (const auto& p : presets) {
-    if (paged) {
+    cache_of.push_back(paged ? pcaches.size() : caches.size());
+    if (p == kDenseCopy) {
+      cache_of.back() = SIZE_MAX;
+    } else if (paged) {
       auto c = PagedKVCache::Create(
           {.shape = {1, H, d}, .block_size = a.block_size, .num_blocks = B * pages_per_seq, .preset = p});
       if (!c.ok()) Fail(c.status());
@@ -277,22 +290,36 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
 
   std::vector<BenchRow> rows;
   for (size_t pi = 0; pi < presets.size(); ++pi) {
+    const bool copy = cache_of[pi] == SIZE_MAX;
+    const size_t ci = cache_of[pi];
     std::vector<KVLayerView> views;
     PagedLayerView pview;
     std::vector<int32_t> tables, lens(B, static_cast<int32_t>(C));
-    if (paged) {
-      auto v = pcaches[pi].View(0);
+    std::vector<Plane> ck, cv;
+    std::vector<DenseKVView> dense_copy;
+    if (copy) {
+      for (size_t b = 0; b < B; ++b) {
+        ck.push_back(plane());
+        cv.push_back(plane());
+        std::memcpy(ck[b].get(), dk[b].get(), H * C * d * sizeof(uint16_t));
+        std::memcpy(cv[b].get(), dv[b].get(), H * C * d * sizeof(uint16_t));
+        dense_copy.push_back(dense[b]);
+        dense_copy[b].k = ck[b].get();
+        dense_copy[b].v = cv[b].get();
+      }
+    } else if (paged) {
+      auto v = pcaches[ci].View(0);
       if (!v.ok()) Fail(v.status());
       pview = std::move(*v);
       for (size_t b = 0; b < B; ++b) {
-        auto t = pcaches[pi].BlockTable(b);
+        auto t = pcaches[ci].BlockTable(b);
         if (!t.ok()) Fail(t.status());
         t->resize(pages_per_seq, 0);
         tables.insert(tables.end(), t->begin(), t->end());
       }
     } else {
       for (size_t b = 0; b < B; ++b) {
-        auto view = caches[pi].View(0, b);
+        auto view = caches[ci].View(0, b);
         if (!view.ok()) Fail(view.status());
         views.push_back(std::move(*view));
       }
@@ -300,7 +327,14 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     AttentionReport rep;
     auto run_tq = [&] {
       Status s;
-      if (paged) {
+      if (copy && prefill) {
+        for (size_t b = 0; b < B && s.ok(); ++b) {
+          s = DensePrefillAttention(dense_copy[b], Hq, q0, std::span(q).subspan(b * per_seq, per_seq),
+                                    std::span(out_tq).subspan(b * per_seq, per_seq), opt);
+        }
+      } else if (copy) {
+        s = DenseDecodeAttention(dense_copy, Hq, q, out_tq, opt);
+      } else if (paged) {
         s = PagedDecodeAttention(pview, Hq, tables, pages_per_seq, lens, q, out_tq, opt, &rep);
       } else if (prefill) {
         for (size_t b = 0; b < B && s.ok(); ++b) {
@@ -316,11 +350,11 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     TimePair(a.warmup, a.reps, a.order == "blocks", run_dense, run_tq, &r.dense, &r.tq);
     r.preset = presets[pi];
     r.mode = a.mode;
-    r.kernel = rep.kernel;
+    r.kernel = copy ? "dense fp16 kernel on a copy (control)" : rep.kernel;
     r.context = C;
     r.batch = B;
     r.kv_bytes_dense = kv_bytes_dense;
-    r.kv_bytes_tq = paged ? pcaches[pi].Ledger().total() : caches[pi].Ledger().total();
+    r.kv_bytes_tq = copy ? kv_bytes_dense : paged ? pcaches[ci].Ledger().total() : caches[ci].Ledger().total();
     r.nmse_vs_dense = NmseOf(out_tq, out_dense);
     rows.push_back(r);
   }
@@ -534,7 +568,10 @@ void RegisterBenchAttention(CLI::App& bench) {
   cmd->add_option("--q-heads", a->q_heads)->capture_default_str();
   cmd->add_option("--kv-heads", a->kv_heads)->capture_default_str();
   cmd->add_option("--head-dim", a->head_dim)->capture_default_str();
-  cmd->add_option("--preset", a->presets, "KV preset(s), comma-separated")->capture_default_str();
+  cmd->add_option("--preset", a->presets,
+                  "KV preset(s), comma-separated; 'dense-copy' is the null comparison (a second copy of the "
+                  "dense fp16 K/V through the dense kernel: its speedup shows the run's noise)")
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "worker threads (0 = all hardware threads)")->capture_default_str();
   cmd->add_option("--mode", a->mode, "decode: one query per sequence at its last position; prefill: the last --chunk queries")
       ->check(CLI::IsMember({"decode", "prefill"}))
