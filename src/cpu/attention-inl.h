@@ -4044,7 +4044,11 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
 // Rows' softmax sums over the n weights of compressed values (for the
 // value mean: Row::lc).
 template <size_t NR>
-HWY_INLINE void AddCompressedWeights(attn::Row* const* rs, const float* const* w, size_t n) {
+HWY_INLINE void AddCompressedWeights(const attn::Comp& vc, attn::Row* const* rs, const float* const* w,
+                                     size_t n) {
+  // lc only scales the value mean back in (attention.cc's merge); without
+  // one (the default policy centers keys only) the sums are not needed.
+  if (vc.mean == nullptr) return;
   const AF df;
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) {
@@ -4076,7 +4080,7 @@ HWY_INLINE void AccumGroupParts(const KeyCtx& vctx, const SegPart* sp, size_t ns
                                 float* const* w, AScratch& scr) {
   size_t n = 0;
   for (size_t i = 0; i < nsp; ++i) n += sp[i].b - sp[i].a;
-  AddCompressedWeights<NR>(rs, w, n);
+  AddCompressedWeights<NR>(*vctx.kc, rs, w, n);
   AccumMse16Parts<NR>(vctx, sp, nsp, rs, w, scr);
 }
 #endif
@@ -4091,7 +4095,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
     return AccumDecoded<NR>(MakeInfo(task.dense_fmt, nullptr, nullptr), s, a, b, d, rs, w, scr);
   }
   const attn::Comp& vc = *vctx.kc;
-  AddCompressedWeights<NR>(rs, w, n);
+  AddCompressedWeights<NR>(vc, rs, w, n);
 #ifdef TQ_ATTN_I16
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
     const SegPart part{&s, a, b};
@@ -4632,9 +4636,11 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         for (size_t r = 0; r < nact; ++r) {
           attn::Row& row = *act[r];
           if (s.compressed) {
-            float sum = 0.0f;
-            for (size_t t = 0; t < np; ++t) sum += lgp[r][t];
-            row.lc += sum;
+            if (task.vc->mean != nullptr) {  // lc scales the value mean back in (merge)
+              float sum = 0.0f;
+              for (size_t t = 0; t < np; ++t) sum += lgp[r][t];
+              row.lc += sum;
+            }
             std::swap(row.acc, row.accr);  // decoded MSE values sum into the rotated accumulator
           }
         }
