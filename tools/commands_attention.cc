@@ -141,6 +141,7 @@ struct BenchArgs {
   std::string order = "abba";
   size_t sinks = 4, recent = 128;
   size_t block_size = 0;  // > 0: decode over a PagedKVCache with pages of this many tokens
+  bool ragged = false;    // sequence b holds context (B - b) / B tokens
   uint64_t seed = 1;
 };
 
@@ -164,6 +165,14 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   policy.recent_window = a.recent;
   const bool paged = a.block_size > 0;
   const size_t pages_per_seq = paged ? (C + a.block_size - 1) / a.block_size : 0;
+  // Tokens of sequence b: C, or with --ragged C (B - b) / B rounded up to 16
+  // (a batch of long and short sequences, as serving has).
+  std::vector<size_t> len(B, C);
+  if (a.ragged) {
+    for (size_t b = 0; b < B; ++b) len[b] = std::max<size_t>(16, (C * (B - b) / B + 15) / 16 * 16);
+  }
+  size_t total_tokens = 0;
+  for (size_t b = 0; b < B; ++b) total_tokens += len[b];
   std::vector<KVCache> caches;
   std::vector<PagedKVCache> pcaches;  // --block-size: one pool per preset, B sequences
   std::vector<size_t> cache_of;       // preset -> its cache (dense-copy: none)
@@ -214,8 +223,8 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   for (size_t b = 0; b < B; ++b) {
     SyntheticKVStream gen(H, d, Absorb(a.seed, b));
     bias[b] = gen.bias();
-    for (size_t done = 0; done < C;) {
-      const size_t n = std::min(step, C - done);
+    for (size_t done = 0; done < len[b];) {
+      const size_t n = std::min(step, len[b] - done);
       gen.Next(n, k.data(), v.data());
       const std::span<const float> ks(k.data(), n * H * d), vs(v.data(), n * H * d);
       for (auto& c : caches) {
@@ -247,7 +256,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
 
   std::vector<DenseKVView> dense(B);
   for (size_t b = 0; b < B; ++b) {
-    dense[b] = {.k = dk[b].get(), .v = dv[b].get(), .dtype = DenseDtype::kF16, .tokens = C,
+    dense[b] = {.k = dk[b].get(), .v = dv[b].get(), .dtype = DenseDtype::kF16, .tokens = len[b],
                 .num_kv_heads = H, .head_dim = d, .token_stride = d, .head_stride = C * d};
   }
   // Queries: 0.6 x (an earlier key - bias) + N(0,1), as in the quality source.
@@ -258,10 +267,11 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     GaussianStream g(Absorb(a.seed, 0x71));
     SplitMix64 pick(Absorb(a.seed, 0x72));
     for (size_t b = 0; b < B; ++b) {
+      const size_t qb = len[b] - nq;  // the sequence's first query position
       for (size_t i = 0; i < nq; ++i) {
         for (size_t h = 0; h < Hq; ++h) {
           const size_t kh = h / (Hq / H);
-          const size_t src = pick.Next() % (q0 + i + 1);
+          const size_t src = pick.Next() % (qb + i + 1);
           for (size_t j = 0; j < d; ++j) {
             q[((b * nq + i) * Hq + h) * d + j] =
                 0.6f * (HalfToFloat(dk[b][(kh * C + src) * d + j]) - bias[b][kh * d + j]) +
@@ -286,7 +296,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     }
     if (!s.ok()) Fail(s);
   };
-  const size_t kv_bytes_dense = B * C * H * d * 2 * 2;
+  const size_t kv_bytes_dense = total_tokens * H * d * 2 * 2;
 
   std::vector<BenchRow> rows;
   for (size_t pi = 0; pi < presets.size(); ++pi) {
@@ -294,7 +304,8 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     const size_t ci = cache_of[pi];
     std::vector<KVLayerView> views;
     PagedLayerView pview;
-    std::vector<int32_t> tables, lens(B, static_cast<int32_t>(C));
+    std::vector<int32_t> tables, lens(B);
+    for (size_t b = 0; b < B; ++b) lens[b] = static_cast<int32_t>(len[b]);
     std::vector<Plane> ck, cv;
     std::vector<DenseKVView> dense_copy;
     if (copy) {
@@ -591,6 +602,9 @@ void RegisterBenchAttention(CLI::App& bench) {
                   "with --sinks/--recent)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
+  cmd->add_flag("--ragged", a->ragged,
+                "decode a batch of uneven sequences: sequence b holds context x (batch - b) / batch tokens "
+                "(rounded up to 16), as a serving batch mixes long and short ones");
   cmd->add_option("--seed", a->seed, "synthetic K/V and query seed")->capture_default_str();
   cmd->add_flag("--json", a->json, "print {\"results\":[...]} (times are medians)");
   cmd->add_option("--plot", a->plot, "write an SVG of speedup vs context, one line per preset");
@@ -615,6 +629,9 @@ void RegisterBenchAttention(CLI::App& bench) {
         }
       }
     }
+    if (a->ragged && a->mode != "decode") {
+      Fail(InvalidArgumentError("--ragged applies to --mode decode only"));
+    }
     if (a->block_size > 0 && a->mode != "decode") {
       Fail(InvalidArgumentError("--block-size applies to --mode decode only (paged prefill is not benchmarked)"));
     }
@@ -632,7 +649,8 @@ void RegisterBenchAttention(CLI::App& bench) {
                                 {"mode", r.mode}, {"dense_ms", r.dense.median_ms}, {"tq_ms", r.tq.median_ms},
                                 {"speedup", r.dense.median_ms / r.tq.median_ms},
                                 {"kv_bytes_dense", r.kv_bytes_dense}, {"kv_bytes_tq", r.kv_bytes_tq},
-                                {"nmse_vs_dense", r.nmse_vs_dense}, {"kernel", r.kernel}});
+                                {"nmse_vs_dense", r.nmse_vs_dense}, {"kernel", r.kernel},
+                                {"ragged", a->ragged}});
       }
       std::printf("%s\n", j.dump(2).c_str());
     } else {
@@ -645,6 +663,7 @@ void RegisterBenchAttention(CLI::App& bench) {
               : "sinks " + std::to_string(a->sinks) + " + recent window " + std::to_string(a->recent) +
                     " dense (f16), the rest compressed";
       std::printf("compressed cache: %s; dense baseline: our fp16 kernel, head-major K/V\n", cache.c_str());
+      if (a->ragged) std::printf("ragged batch: sequence b holds context x (batch - b) / batch tokens\n");
       std::printf("times: best and median of %zu reps (%s) after %zu warm-up; "
                   "speedup = dense median / tq median\n",
                   a->reps, a->order == "blocks" ? "all dense reps, then all tq" : "dense and tq alternating, ABBA",

@@ -336,7 +336,11 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
     }
   }
 
-  ParallelFor(items.size(), threads, 1, [&](size_t a, size_t e) {
+  // Items differ in cost (a batch's sequences differ in length): each
+  // thread takes the next item, not a fixed contiguous share (a ragged batch
+  // of 16K/12K/8K/4K tokens, two threads: 1.2-1.7x faster, dense and
+  // compressed alike; docs/BENCHMARKS.md).
+  ParallelForDynamic(items.size(), threads, [&](size_t a, size_t e) {
     for (size_t i = a; i < e; ++i) {
       const Item& it = items[i];
       const HeadWork& hw = pb.heads[it.b * H + it.h];

@@ -64,12 +64,15 @@ class Pool {
 
   size_t workers() const { return threads_.size(); }
 
-  // Runs chunk c = 0..chunks-1 on the workers and the caller. The caller
-  // claims chunks too, so a run completes even if no worker shows up.
-  void Run(size_t chunks, const std::function<void(size_t)>& chunk_fn) {
+  // Runs chunk c = 0..chunks-1 on the caller and at most max_workers
+  // workers. The caller claims chunks too, so a run completes even if no
+  // worker shows up.
+  void Run(size_t chunks, size_t max_workers, const std::function<void(size_t)>& chunk_fn) {
     std::lock_guard<std::mutex> run_lock(run_mu_);
     fn_ = &chunk_fn;
     done_.store(0, std::memory_order_relaxed);
+    max_workers_.store(max_workers, std::memory_order_relaxed);
+    joined_.store(0, std::memory_order_relaxed);
     const uint64_t gen = ((state_.load(std::memory_order_relaxed) >> kGenShift) + 1) & kGenMask;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -149,7 +152,11 @@ class Pool {
       }
       if (stop_.load()) return;
       seen = gen;
-      Drain(gen);
+      // (max_workers_ and joined_ were stored before the generation this
+      // worker acquired.) Workers beyond the run's cap sit it out.
+      if (joined_.fetch_add(1, std::memory_order_acq_rel) < max_workers_.load(std::memory_order_relaxed)) {
+        Drain(gen);
+      }
     }
   }
 
@@ -162,6 +169,8 @@ class Pool {
   const std::function<void(size_t)>* fn_ = nullptr;
   std::atomic<uint64_t> state_{0};
   std::atomic<size_t> done_{0};
+  std::atomic<size_t> max_workers_{0};
+  std::atomic<size_t> joined_{0};
   std::atomic<bool> stop_{false};
 };
 
@@ -177,7 +186,9 @@ void ParallelFor(size_t n, size_t threads, size_t min_chunk,
   if (n == 0) return;
   if (threads == 0) threads = HardwareThreads();
   min_chunk = std::max<size_t>(min_chunk, 1);
-  size_t chunks = std::min(threads, (n + min_chunk - 1) / min_chunk);
+  // Whole chunks of min_chunk (n / min_chunk, not rounded up: 7 items at 3
+  // a chunk are two chunks of 4 and 3, not three of 3, 2 and 2).
+  size_t chunks = std::min(threads, std::max<size_t>(1, n / min_chunk));
   if (chunks <= 1 || t_inside_task) {
     fn(0, n);
     return;
@@ -190,11 +201,31 @@ void ParallelFor(size_t n, size_t threads, size_t min_chunk,
   }
   const size_t per = n / chunks;
   const size_t extra = n % chunks;
-  pool.Run(chunks, [&](size_t c) {
+  pool.Run(chunks, chunks - 1, [&](size_t c) {
     const size_t begin = c * per + std::min(c, extra);
     const size_t end = begin + per + (c < extra ? 1 : 0);
     fn(begin, end);
   });
+}
+
+void ParallelForDynamic(size_t n, size_t threads, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  if (threads == 0) threads = HardwareThreads();
+  if (threads <= 1 || n == 1 || t_inside_task) {
+    fn(0, n);
+    return;
+  }
+  Pool& pool = GlobalPool();
+  const size_t workers = std::min(threads - 1, pool.workers());
+  if (workers == 0) {
+    fn(0, n);
+    return;
+  }
+  // One item a chunk (a few a chunk past the pool's chunk count limit).
+  constexpr size_t kMaxChunks = size_t{1} << 19;
+  const size_t per = (n + kMaxChunks - 1) / kMaxChunks;
+  const size_t chunks = (n + per - 1) / per;
+  pool.Run(chunks, workers, [&](size_t c) { fn(c * per, std::min(n, (c + 1) * per)); });
 }
 
 }  // namespace tq
