@@ -338,7 +338,7 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
 
   // Items differ in cost (a batch's sequences differ in length): each
   // thread takes the next item, not a fixed contiguous share (a ragged batch
-  // of 16K/12K/8K/4K tokens, two threads: 1.2-1.7x faster, dense and
+  // of 16K/12K/8K/4K tokens, two threads: 1.2-1.9x faster, dense and
   // compressed alike; docs/BENCHMARKS.md).
   ParallelForDynamic(items.size(), threads, [&](size_t a, size_t e) {
     for (size_t i = a; i < e; ++i) {
