@@ -118,15 +118,34 @@ Status BuildComp(const KVRowCodec* codec, const float* mean, bool is_value, Comp
   return Status::Ok();
 }
 
-// Query-side data of one row.
+// Floats of one row's query-side data for key format kc: the scaled query,
+// its rotation, the QJL sketches, the int-asym group sums.
+size_t RowPrepFloats(const Comp* kc, size_t d) {
+  size_t n = d;
+  if (kc == nullptr) return n;
+  if (kc->fmt == Fmt::kMse || kc->fmt == Fmt::kProd || kc->fmt == Fmt::kSplit) {
+    n += d;
+    for (int g = 0; g < kc->num_groups; ++g) n += kc->groups[g].plan->qjl_dim;
+  }
+  if (kc->fmt == Fmt::kIntAsym) n += d / kc->group_size;
+  return n;
+}
+
+// Query-side data of one row: slices of one arena a call (a few vectors a
+// row had been a malloc and a free each, per row and call).
 struct RowPrep {
-  std::vector<float> q, qrot, qsk, qgs;
+  float* q = nullptr;
+  float* qrot = nullptr;
+  float* qsk = nullptr;
+  float* qgs = nullptr;
   float koff = 0.0f;
 };
 
-void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPrep* p,
+// Fills p from the RowPrepFloats(kc, d) floats at buf.
+void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, float* buf, RowPrep* p,
                 std::vector<float>* tmp) {
-  p->q.resize(d);
+  p->q = buf;
+  buf += d;
   for (size_t j = 0; j < d; ++j) p->q[j] = q_in[j] * scale;
   p->koff = 0.0f;
   if (kc == nullptr) return;
@@ -142,25 +161,30 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPre
     p->koff = static_cast<float>((s4[0] + s4[1]) + (s4[2] + s4[3]));
   }
   if (kc->fmt == Fmt::kMse || kc->fmt == Fmt::kProd || kc->fmt == Fmt::kSplit) {
-    p->qrot.assign(d, 0.0f);
+    p->qrot = buf;
+    buf += d;
+    std::fill(p->qrot, p->qrot + d, 0.0f);
     size_t sk = 0;
     for (int g = 0; g < kc->num_groups; ++g) sk += kc->groups[g].plan->qjl_dim;
-    p->qsk.assign(sk, 0.0f);
+    if (sk > 0) {
+      p->qsk = buf;
+      buf += sk;
+      std::fill(p->qsk, p->qsk + sk, 0.0f);
+    }
     for (int g = 0; g < kc->num_groups; ++g) {
       const attn::Group& gr = kc->groups[g];
       const CodecPlan& plan = *gr.plan;
-      const float* src = p->q.data();
+      const float* src = p->q;
       if (gr.channels) {
         tmp->resize(plan.dim);
         for (size_t j = 0; j < plan.dim; ++j) (*tmp)[j] = p->q[gr.channels[j]];
         src = tmp->data();
       }
-      cpu::PrepareQuery(plan, src, p->qrot.data() + gr.rot_offset,
-                        plan.qjl_dim ? p->qsk.data() + gr.sketch_offset : nullptr);
+      cpu::PrepareQuery(plan, src, p->qrot + gr.rot_offset, plan.qjl_dim ? p->qsk + gr.sketch_offset : nullptr);
     }
     if (kc->fast_mse) {  // the fast key kernel reads the query permuted (AccumMseFast's layout)
       const CodecPlan& plan = *kc->groups[0].plan;
-      tmp->assign(p->qrot.begin(), p->qrot.end());
+      tmp->assign(p->qrot, p->qrot + d);
       for (size_t b = 0; b < plan.num_blocks; ++b) {
         const BlockPlan& bp = plan.blocks[b];
         const size_t groups = bp.size / 8;
@@ -172,7 +196,8 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, RowPre
   }
   if (kc->fmt == Fmt::kIntAsym) {
     const size_t gs = kc->group_size;
-    p->qgs.assign(d / gs, 0.0f);
+    p->qgs = buf;
+    std::fill(p->qgs, p->qgs + d / gs, 0.0f);
     for (size_t j = 0; j < d; ++j) p->qgs[j / gs] += p->q[j];
   }
 }
@@ -293,6 +318,10 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
   std::vector<Row> rows(total_rows);
   std::vector<float> accs(total_rows * 2 * d, 0.0f);
   std::vector<RowPrep> preps(total_rows);
+  // One arena for every row's query-side data (rows of a head share a size).
+  size_t prep_stride = d;
+  for (const HeadWork& hw : pb.heads) prep_stride = std::max(prep_stride, RowPrepFloats(hw.kc, d));
+  std::vector<float> prep_arena(total_rows * prep_stride);
   std::vector<uint8_t> status_bad(1, 0);
 
   auto prep_item = [&](size_t i) {
@@ -308,7 +337,8 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
         RowPrep& p = preps[r];
         // Rows of later chunks reuse the first chunk's preparation.
         if (it.chunk == 0) {
-          PrepareRow(pb.q + ((it.b * nq + qidx) * Hq + hq) * d, d, scale, hw.kc, &p, &tmp);
+          PrepareRow(pb.q + ((it.b * nq + qidx) * Hq + hq) * d, d, scale, hw.kc,
+                     prep_arena.data() + r * prep_stride, &p, &tmp);
         }
         Row& row = rows[r];
         row.lo = opt.window > 0 && pos + 1 > opt.window ? pos + 1 - opt.window : 0;
@@ -328,10 +358,10 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
     for (size_t k = 0; k < items[i].nqt * G; ++k) {
       const RowPrep& p = preps[row_base[first] + k];
       Row& row = rows[row_base[i] + k];
-      row.q = p.q.data();
-      row.qrot = p.qrot.empty() ? nullptr : p.qrot.data();
-      row.qsk = p.qsk.empty() ? nullptr : p.qsk.data();
-      row.qgs = p.qgs.empty() ? nullptr : p.qgs.data();
+      row.q = p.q;
+      row.qrot = p.qrot;
+      row.qsk = p.qsk;
+      row.qgs = p.qgs;
       row.koff = p.koff;
     }
   }
@@ -428,7 +458,7 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
     // The integer kernels add per row an int16 query and value sums in their
     // lane order: at most 768 bytes per 64 coordinates (AVX-512).
     report->workspace_bytes =
-        total_rows * (2 * d * sizeof(float) + sizeof(Row) + sizeof(RowPrep) + 3 * d * sizeof(float) +
+        total_rows * (2 * d * sizeof(float) + sizeof(Row) + sizeof(RowPrep) + prep_stride * sizeof(float) +
                       768 * ((d + 63) / 64) + 2 * sizeof(float)) +
         std::min(threads, items.size()) * (kMaxRowsPerItem * 64 + 2 * 64 * d) * sizeof(float);
     // The SIMD target, plus "int16 keys/values" where the integer kernels ran.
