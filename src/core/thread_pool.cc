@@ -72,8 +72,8 @@ class Pool {
     fn_ = &chunk_fn;
     done_.store(0, std::memory_order_relaxed);
     max_workers_.store(max_workers, std::memory_order_relaxed);
-    joined_.store(0, std::memory_order_relaxed);
     const uint64_t gen = ((state_.load(std::memory_order_relaxed) >> kGenShift) + 1) & kGenMask;
+    joined_.store(gen << 32, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mu_);
       state_.store(gen << kGenShift | static_cast<uint64_t>(chunks) << kChunkShift,
@@ -138,6 +138,14 @@ class Pool {
     t_inside_task = was_inside;
   }
 
+  bool Join(uint64_t gen) {
+    uint64_t j = joined_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((j >> 32) != gen || (j & 0xFFFFFFFFu) >= max_workers_.load(std::memory_order_relaxed)) return false;
+      if (joined_.compare_exchange_weak(j, j + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    }
+  }
+
   void Worker() {
     uint64_t seen = 0;
     for (;;) {
@@ -152,11 +160,11 @@ class Pool {
       }
       if (stop_.load()) return;
       seen = gen;
-      // (max_workers_ and joined_ were stored before the generation this
-      // worker acquired.) Workers beyond the run's cap sit it out.
-      if (joined_.fetch_add(1, std::memory_order_acq_rel) < max_workers_.load(std::memory_order_relaxed)) {
-        Drain(gen);
-      }
+      // Workers beyond the run's cap sit it out. The join count carries its
+      // run's generation, so a worker that wakes late for a finished run
+      // cannot take a place in the next one. (max_workers_ and joined_ were
+      // stored before the generation this worker acquired.)
+      if (Join(gen)) Drain(gen);
     }
   }
 
@@ -170,7 +178,7 @@ class Pool {
   std::atomic<uint64_t> state_{0};
   std::atomic<size_t> done_{0};
   std::atomic<size_t> max_workers_{0};
-  std::atomic<size_t> joined_{0};
+  std::atomic<uint64_t> joined_{0};  // generation (bits 32..63), workers joined
   std::atomic<bool> stop_{false};
 };
 
