@@ -475,6 +475,15 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
       report->kernel += int_keys && int_values ? " int16 keys+values" : int_keys ? " int16 keys" : " int16 values";
     }
   }
+  // Bounded retention: a call larger than this (a long prefill chunk) gives
+  // its buffers back rather than holding them for the thread's lifetime.
+  constexpr size_t kKeepFloats = size_t{4} << 20;  // 16 MB each
+  for (std::vector<float>* v : {&tl_accs, &tl_prep}) {
+    if (v->size() > kKeepFloats) {
+      v->clear();
+      v->shrink_to_fit();
+    }
+  }
   return Status::Ok();
 }
 
