@@ -166,10 +166,10 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   const bool paged = a.block_size > 0;
   const size_t pages_per_seq = paged ? (C + a.block_size - 1) / a.block_size : 0;
   // Tokens of sequence b: C, or with --ragged C (B - b) / B rounded up to 16
-  // (a batch of long and short sequences, as serving has).
+  // and at most C (a batch of long and short sequences, as serving has).
   std::vector<size_t> len(B, C);
   if (a.ragged) {
-    for (size_t b = 0; b < B; ++b) len[b] = std::max<size_t>(16, (C * (B - b) / B + 15) / 16 * 16);
+    for (size_t b = 0; b < B; ++b) len[b] = std::min(C, std::max<size_t>(16, (C * (B - b) / B + 15) / 16 * 16));
   }
   size_t total_tokens = 0;
   for (size_t b = 0; b < B; ++b) total_tokens += len[b];
@@ -177,9 +177,9 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   std::vector<PagedKVCache> pcaches;  // --block-size: one pool per preset, B sequences
   std::vector<size_t> cache_of;       // preset -> its cache (dense-copy: none)
   for (const auto& p : presets) {
-    cache_of.push_back(paged ? pcaches.size() : caches.size());
+    cache_of.push_back(p == kDenseCopy ? SIZE_MAX : paged ? pcaches.size() : caches.size());
     if (p == kDenseCopy) {
-      cache_of.back() = SIZE_MAX;
+      continue;
     } else if (paged) {
       auto c = PagedKVCache::Create(
           {.shape = {1, H, d}, .block_size = a.block_size, .num_blocks = B * pages_per_seq, .preset = p});
@@ -284,18 +284,20 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
   const size_t per_seq = nq * Hq * d;
   const AttentionOptions opt{.threads = a.threads};
   std::vector<float> out_dense(q.size()), out_tq(q.size());
-  auto run_dense = [&] {
+  // Our dense kernel over K/V planes kv (the baseline, or dense-copy's copy).
+  auto run_dense_on = [&](const std::vector<DenseKVView>& kv, std::vector<float>& o) {
     Status s;
     if (prefill) {
       for (size_t b = 0; b < B && s.ok(); ++b) {
-        s = DensePrefillAttention(dense[b], Hq, q0, std::span(q).subspan(b * per_seq, per_seq),
-                                  std::span(out_dense).subspan(b * per_seq, per_seq), opt);
+        s = DensePrefillAttention(kv[b], Hq, q0, std::span(q).subspan(b * per_seq, per_seq),
+                                  std::span(o).subspan(b * per_seq, per_seq), opt);
       }
     } else {
-      s = DenseDecodeAttention(dense, Hq, q, out_dense, opt);
+      s = DenseDecodeAttention(kv, Hq, q, o, opt);
     }
     if (!s.ok()) Fail(s);
   };
+  auto run_dense = [&] { run_dense_on(dense, out_dense); };
   const size_t kv_bytes_dense = total_tokens * H * d * 2 * 2;
 
   std::vector<BenchRow> rows;
@@ -337,15 +339,9 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     }
     AttentionReport rep;
     auto run_tq = [&] {
+      if (copy) return run_dense_on(dense_copy, out_tq);
       Status s;
-      if (copy && prefill) {
-        for (size_t b = 0; b < B && s.ok(); ++b) {
-          s = DensePrefillAttention(dense_copy[b], Hq, q0, std::span(q).subspan(b * per_seq, per_seq),
-                                    std::span(out_tq).subspan(b * per_seq, per_seq), opt);
-        }
-      } else if (copy) {
-        s = DenseDecodeAttention(dense_copy, Hq, q, out_tq, opt);
-      } else if (paged) {
+      if (paged) {
         s = PagedDecodeAttention(pview, Hq, tables, pages_per_seq, lens, q, out_tq, opt, &rep);
       } else if (prefill) {
         for (size_t b = 0; b < B && s.ok(); ++b) {
@@ -604,7 +600,7 @@ void RegisterBenchAttention(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--ragged", a->ragged,
                 "decode a batch of uneven sequences: sequence b holds context x (batch - b) / batch tokens "
-                "(rounded up to 16), as a serving batch mixes long and short ones");
+                "(rounded up to 16, at most context), as a serving batch mixes long and short ones");
   cmd->add_option("--seed", a->seed, "synthetic K/V and query seed")->capture_default_str();
   cmd->add_flag("--json", a->json, "print {\"results\":[...]} (times are medians)");
   cmd->add_option("--plot", a->plot, "write an SVG of speedup vs context, one line per preset");

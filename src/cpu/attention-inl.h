@@ -4041,14 +4041,17 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
   }
 }
 
+// Whether the rows' sums of compressed values' weights (Row::lc) are read:
+// lc only scales the value mean back in (attention.cc's merge); without one
+// (the default policy centers keys only) the sums are not needed.
+HWY_INLINE bool NeedsWeightSums(const attn::Comp& vc) { return vc.mean != nullptr; }
+
 // Rows' softmax sums over the n weights of compressed values (for the
 // value mean: Row::lc).
 template <size_t NR>
 HWY_INLINE void AddCompressedWeights(const attn::Comp& vc, attn::Row* const* rs, const float* const* w,
                                      size_t n) {
-  // lc only scales the value mean back in (attention.cc's merge); without
-  // one (the default policy centers keys only) the sums are not needed.
-  if (vc.mean == nullptr) return;
+  if (!NeedsWeightSums(vc)) return;
   const AF df;
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) {
@@ -4636,7 +4639,7 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
         for (size_t r = 0; r < nact; ++r) {
           attn::Row& row = *act[r];
           if (s.compressed) {
-            if (task.vc->mean != nullptr) {  // lc scales the value mean back in (merge)
+            if (NeedsWeightSums(*task.vc)) {
               float sum = 0.0f;
               for (size_t t = 0; t < np; ++t) sum += lgp[r][t];
               row.lc += sum;
