@@ -172,7 +172,11 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     for (size_t b = 0; b < B; ++b) len[b] = std::min(C, std::max<size_t>(16, (C * (B - b) / B + 15) / 16 * 16));
   }
   size_t total_tokens = 0;
-  for (size_t b = 0; b < B; ++b) total_tokens += len[b];
+  std::vector<int32_t> lens(B);  // the same, as the paged decode takes them
+  for (size_t b = 0; b < B; ++b) {
+    total_tokens += len[b];
+    lens[b] = static_cast<int32_t>(len[b]);
+  }
   std::vector<KVCache> caches;
   std::vector<PagedKVCache> pcaches;  // --block-size: one pool per preset, B sequences
   std::vector<size_t> cache_of;       // preset -> its cache (dense-copy: none)
@@ -306,8 +310,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     const size_t ci = cache_of[pi];
     std::vector<KVLayerView> views;
     PagedLayerView pview;
-    std::vector<int32_t> tables, lens(B);
-    for (size_t b = 0; b < B; ++b) lens[b] = static_cast<int32_t>(len[b]);
+    std::vector<int32_t> tables;
     std::vector<Plane> ck, cv;
     std::vector<DenseKVView> dense_copy;
     if (copy) {

@@ -118,15 +118,19 @@ Status BuildComp(const KVRowCodec* codec, const float* mean, bool is_value, Comp
   return Status::Ok();
 }
 
+// Floats of the QJL sketches of a query for rotated key format kc (all groups).
+size_t SketchFloats(const Comp& kc) {
+  size_t n = 0;
+  for (int g = 0; g < kc.num_groups; ++g) n += kc.groups[g].plan->qjl_dim;
+  return n;
+}
+
 // Floats of one row's query-side data for key format kc: the scaled query,
 // its rotation, the QJL sketches, the int-asym group sums.
 size_t RowPrepFloats(const Comp* kc, size_t d) {
   size_t n = d;
   if (kc == nullptr) return n;
-  if (kc->fmt == Fmt::kMse || kc->fmt == Fmt::kProd || kc->fmt == Fmt::kSplit) {
-    n += d;
-    for (int g = 0; g < kc->num_groups; ++g) n += kc->groups[g].plan->qjl_dim;
-  }
+  if (kc->fmt == Fmt::kMse || kc->fmt == Fmt::kProd || kc->fmt == Fmt::kSplit) n += d + SketchFloats(*kc);
   if (kc->fmt == Fmt::kIntAsym) n += d / kc->group_size;
   return n;
 }
@@ -164,8 +168,7 @@ void PrepareRow(const float* q_in, size_t d, float scale, const Comp* kc, float*
     p->qrot = buf;
     buf += d;
     std::fill(p->qrot, p->qrot + d, 0.0f);
-    size_t sk = 0;
-    for (int g = 0; g < kc->num_groups; ++g) sk += kc->groups[g].plan->qjl_dim;
+    const size_t sk = SketchFloats(*kc);
     if (sk > 0) {
       p->qsk = buf;
       buf += sk;
