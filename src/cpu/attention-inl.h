@@ -3249,6 +3249,250 @@ HWY_NOINLINE void AccumSplit16(const KeyCtx& vctx, const attn::Seg& s, size_t a,
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX2
+// ---------------------------------------------------------------------------
+// Fixed-shape integer kernels for AVX2 at head_dim 128: one-block
+// TurboQuant-MSE keys (and the MSE part of prod keys) of 2..4 bits, and
+// values of those widths (MSE, or int-asym with one group a row). The same
+// int32 sums as ScoreMse16 / AccumMse16 in the same lane order (the prepared
+// int16 queries and the value sums' lane map are theirs), with the code
+// width known at compile time: loops unroll fully, a row is read in place
+// (the last chunk's 16-byte window is the row's last 16 bytes, so nothing
+// past the codes is read and no padded copy is made), and the value passes
+// keep 2 accumulators a row instead of 4, which with 4 rows is 8 of the 16
+// ymm registers: the generic kernel's 16 accumulators had spilled to the
+// stack on every multiply-add (docs/BENCHMARKS.md).
+template <int BITS>
+struct Avx2Chunks {
+  static constexpr size_t kBytes = 16 * BITS;  // code bytes of a 128-coordinate row
+  static constexpr size_t kCB = 4 * BITS;      // code bytes of a chunk of 32 coordinates
+  // Start of chunk c's 16-byte window: its own first byte, or for a chunk
+  // whose window would pass the row's end, the row's last 16 bytes.
+  static constexpr size_t Win(size_t c) { return kCB * c + 16 <= kBytes ? kCB * c : kBytes - 16; }
+  // Per chunk, the byte shuffles of IdxChunkAvx2's vectors A and B (offset
+  // by the window's shift; 0x80, a zero byte, for a second byte past the
+  // chunk, which the multiply shifts out anyway), and their multipliers.
+  HWY_ALIGN uint8_t perm[4][2][32];
+  HWY_ALIGN int16_t mul[2][16];
+};
+template <int BITS>
+const Avx2Chunks<BITS>& Avx2ChunkTables() {
+  static const Avx2Chunks<BITS> t = [] {
+    using C = Avx2Chunks<BITS>;
+    C r{};
+    for (size_t c = 0; c < 4; ++c) {
+      const size_t shift = C::kCB * c - C::Win(c);
+      for (size_t v = 0; v < 2; ++v) {
+        for (size_t blk = 0; blk < 2; ++blk) {
+          for (size_t i = 0; i < 8; ++i) {
+            const size_t k = 16 * blk + 8 * v + i, bit = BITS * k, lane = 8 * blk + i;
+            const size_t b0 = bit / 8, b1 = b0 + 1;
+            r.perm[c][v][2 * lane] = static_cast<uint8_t>(b0 + shift);
+            r.perm[c][v][2 * lane + 1] = b1 < C::kCB ? static_cast<uint8_t>(b1 + shift) : uint8_t{0x80};
+            r.mul[v][lane] = static_cast<int16_t>(1 << (16 - BITS - bit % 8));
+          }
+        }
+      }
+    }
+    return r;
+  }();
+  return t;
+}
+// Index bytes of chunk c (32 coordinates in order, as IdxChunkAvx2) of a
+// BITS-bit row of 128 coordinates.
+template <int BITS>
+HWY_INLINE __m256i IdxAvx2(const uint8_t* row, size_t c, const Avx2Chunks<BITS>& t) {
+  const __m256i w = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + Avx2Chunks<BITS>::Win(c))));
+  const __m256i ma = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mul[0]));
+  const __m256i mb = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mul[1]));
+  const __m256i a = _mm256_srli_epi16(
+      _mm256_mullo_epi16(_mm256_shuffle_epi8(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[c][0]))), ma),
+      16 - BITS);
+  const __m256i b = _mm256_srli_epi16(
+      _mm256_mullo_epi16(_mm256_shuffle_epi8(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(t.perm[c][1]))), mb),
+      16 - BITS);
+  return _mm256_packus_epi16(a, b);
+}
+// Int16 centroids of index bytes ix (Centroids16's order).
+HWY_INLINE void CentAvx2(__m256i tlo, __m256i thi, __m256i ix, __m256i* c0, __m256i* c1) {
+  const __m256i lo = _mm256_shuffle_epi8(tlo, ix), hi = _mm256_shuffle_epi8(thi, ix);
+  *c0 = _mm256_unpacklo_epi8(lo, hi);
+  *c1 = _mm256_unpackhi_epi8(lo, hi);
+}
+// acc += pairwise int16 products of k and the 16 int16 at q (or of k and
+// w), summed into int32 lanes. Written as asm statements: with the
+// intrinsics GCC 12 computed a token's products ahead of their adds and
+// kept them on the stack.
+HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
+  __m256i t;
+  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0"
+      : "+x"(acc), "=&x"(t)
+      : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+  return acc;
+}
+HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
+  __m256i t;
+  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
+  return acc;
+}
+
+template <int BITS, size_t NR>
+HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
+                               const float* koff, float* const* lg, AScratch& scr) {
+  const AF df;
+  const attn::Task& task = *ctx.task;
+  const CodecPlan& plan = *ctx.kc->groups[0].plan;
+  const I16Book& z = ctx.i16;
+  const int16_t* q[NR];
+  float qi[NR];
+  IntKeyRows<NR>(task, rs, scr.q16, z.nvec_k * kN16, scr.qinv, q, qi);
+  const __m256i tlo = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(z.lo)));
+  const __m256i thi = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(z.hi)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const Avx2Chunks<BITS == 4 ? 2 : BITS>& tb = Avx2ChunkTables<BITS == 4 ? 2 : BITS>();
+  const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
+  size_t off = 0;  // the part's first logit in the tile
+  for (size_t pi = 0; pi < nsp; ++pi) {
+    const attn::Seg& s = *sp[pi].s;
+    const size_t a = sp[pi].a, b = sp[pi].b;
+    const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
+    const bool fol = Follows(s, b);
+    for (size_t t0 = a; t0 < b; t0 += kL) {
+      const size_t nt = std::min(kL, b - t0);
+      HWY_ALIGN float sc[16] = {};
+      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
+      HWY_ALIGN AV parts[NR][kL];
+      for (size_t tt = 0; tt < kL; ++tt) {
+        if (tt >= nt) {
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+          continue;
+        }
+        const size_t t = t0 + tt;
+        const uint8_t* row = s.k + t * s.k_stride;
+        // Prefetch hints: the key row kDenseAhead tokens ahead, and this
+        // token's value row, read after the tile's softmax.
+        hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
+        const uint8_t* vrow = s.v + t * s.v_stride;
+        for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
+        __m256i acc[NR];
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
+        if constexpr (BITS == 4) {
+          HWY_UNROLL(2)
+          for (size_t c = 0; c < 2; ++c) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c));
+            __m256i c0, c1, c2, c3;
+            CentAvx2(tlo, thi, _mm256_and_si256(x, m4), &c0, &c1);
+            CentAvx2(tlo, thi, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4), &c2, &c3);
+            const size_t o = 4 * c * kN16;
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) {
+              acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
+              acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
+              acc[r] = MaddAvx2(acc[r], c2, q[r] + o + 2 * kN16);
+              acc[r] = MaddAvx2(acc[r], c3, q[r] + o + 3 * kN16);
+            }
+          }
+        } else {
+          HWY_UNROLL(4)
+          for (size_t c = 0; c < 4; ++c) {
+            __m256i c0, c1;
+            CentAvx2(tlo, thi, IdxAvx2<BITS>(row, c, tb), &c0, &c1);
+            const size_t o = 2 * c * kN16;
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) {
+              acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
+              acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
+            }
+          }
+        }
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = AV{_mm256_cvtepi32_ps(acc[r])};
+      }
+      const AV scv = hn::Load(df, sc);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        HWY_ALIGN float sums[kL];
+        hn::Store(hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]), hn::Set(df, koff[r])),
+                  df, sums);
+        for (size_t tt = 0; tt < nt; ++tt) lg[r][off + t0 - a + tt] = sums[tt];
+      }
+    }
+    off += b - a;
+  }
+}
+
+// AccumMse16's passes for BITS-bit values at head_dim 128 (rows: the tile's
+// code rows in pairs, an odd tile's twin zero; wps: int16 weights, fac:
+// their factors back to float; priv: the rows' float sums). The two tokens'
+// index bytes of every (pass, pair) are interleaved once into X; each pass
+// then runs twice over the pairs, once for each pair of its four
+// accumulator vectors.
+template <size_t NR, int BITS>
+HWY_INLINE void AccumI16Avx2Inner(const I16Book& z, const uint8_t* const* rows, size_t npairs,
+                                  const int16_t* const* wps, const float* fac, float* const* priv) {
+  constexpr bool kNib = BITS == 4;
+  HWY_ALIGN uint8_t X[4][kNib ? 1 : 2][kTile / 2][32];
+  const __m256i tlo = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(z.lo)));
+  const __m256i thi = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(z.hi)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const Avx2Chunks<kNib ? 2 : BITS>& tb = Avx2ChunkTables<kNib ? 2 : BITS>();
+  auto put = [](uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
+  for (size_t p = 0; p < npairs; ++p) {
+    const uint8_t* ra = rows[2 * p];
+    const uint8_t* rb = rows[2 * p + 1];
+    if constexpr (kNib) {  // pass 2 c + g: byte half g of load c
+      HWY_UNROLL(2)
+      for (size_t c = 0; c < 2; ++c) {
+        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ra + 32 * c));
+        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32 * c));
+        put(X[2 * c][0][p], _mm256_unpacklo_epi8(xa, xb));
+        put(X[2 * c + 1][0][p], _mm256_unpackhi_epi8(xa, xb));
+      }
+    } else {  // pass c: chunk c; half h: its lower or upper interleave
+      HWY_UNROLL(4)
+      for (size_t c = 0; c < 4; ++c) {
+        const __m256i ia = IdxAvx2<BITS>(ra, c, tb), ib = IdxAvx2<BITS>(rb, c, tb);
+        put(X[c][0][p], _mm256_unpacklo_epi8(ia, ib));
+        put(X[c][1][p], _mm256_unpackhi_epi8(ia, ib));
+      }
+    }
+  }
+  for (size_t pass = 0; pass < 4; ++pass) {
+    for (size_t h = 0; h < 2; ++h) {
+      __m256i acc[NR][2];
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (size_t p = 0; p < npairs; ++p) {
+        const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(X[pass][kNib ? 0 : h][p]));
+        // Nibbles: the even coordinates' codes (h 0), then the odd ones'.
+        const __m256i ix = !kNib ? x : h == 0 ? _mm256_and_si256(x, m4) : _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        __m256i c0, c1;
+        CentAvx2(tlo, thi, ix, &c0, &c1);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, wps[r] + 2 * p, 4);
+          const __m256i wv = _mm256_set1_epi32(pair);
+          acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
+          acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
+        }
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m256 fv = _mm256_set1_ps(fac[r]);
+        for (size_t u = 0; u < 2; ++u) {
+          float* dst = priv[r] + (4 * pass + 2 * h + u) * kN32;
+          _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][u]), fv, _mm256_loadu_ps(dst)));
+        }
+      }
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX2
+
 // Accumulates the four int16 centroid-pair vectors cv into acc[r][0..3] with
 // each row's weight pair.
 template <size_t NR, bool kVnni>
@@ -3409,6 +3653,12 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, 
     return;
   }
 #endif
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (FB > 0) {
+    AccumI16Avx2Inner<NR, FB>(z, rows, npairs, wps, fac, priv);
+    return;
+  }
+#endif
   // One pass a group of four accumulators per row (v0 .. v0 + 3).
   const size_t npass = z.nvec_v / 4;
   const size_t nb = z.nbytes;  // code bytes a row (the rest of a padded copy is zero)
@@ -3532,6 +3782,16 @@ HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const SegPart* sp, size_t nsp, att
 #undef TQ_FIXED_CASE
     default: break;
   }
+#elif HWY_TARGET == HWY_AVX2
+  const I16Book& z = ctx.i16;
+  if (ctx.task->d == 128 && !z.asym && (z.nib || z.inreg)) {
+    switch (z.bits) {
+      case 2: ScoreI16Avx2<2, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
+      case 3: ScoreI16Avx2<3, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
+      case 4: ScoreI16Avx2<4, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
+      default: break;
+    }
+  }
 #else
   (void)ctx, (void)sp, (void)nsp, (void)rs, (void)koff, (void)lg, (void)scr;
 #endif
@@ -3549,6 +3809,16 @@ HWY_INLINE bool AccumFixed(const KeyCtx& vctx, const SegPart* sp, size_t nsp, at
     TQ_FIXED_SHAPES(TQ_FIXED_CASE)
 #undef TQ_FIXED_CASE
     default: break;
+  }
+#elif HWY_TARGET == HWY_AVX2
+  const I16Book& z = vctx.i16;
+  if (vctx.task->d == 128 && (z.nib || z.inreg)) {
+    switch (z.bits) {
+      case 2: AccumMse16<NR, false, 2, 4>(vctx, sp, nsp, rs, w, scr); return true;
+      case 3: AccumMse16<NR, false, 3, 4>(vctx, sp, nsp, rs, w, scr); return true;
+      case 4: AccumMse16<NR, false, 4, 2>(vctx, sp, nsp, rs, w, scr); return true;
+      default: break;
+    }
   }
 #else
   (void)vctx, (void)sp, (void)nsp, (void)rs, (void)w, (void)scr;
