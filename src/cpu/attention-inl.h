@@ -3371,9 +3371,10 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
         }
         const size_t t = t0 + tt;
         const uint8_t* row = s.k + t * s.k_stride;
-        // Prefetch hints: the key row kDenseAhead tokens ahead, and this
-        // token's value row, read after the tile's softmax.
-        hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
+        // Prefetch hints: the key row kTokAhead tokens ahead (rows of
+        // 34-66 bytes), and this token's value row, read after the tile's
+        // softmax.
+        hwy::Prefetch(fol ? AheadK(s, t + kTokAhead) : row + kTokAhead * s.k_stride);
         const uint8_t* vrow = s.v + t * s.v_stride;
         for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
         __m256i acc[NR];
