@@ -1174,6 +1174,34 @@ HWY_INLINE void PrepareQ16(const attn::Task& task, const I16Book& z, bool lanes,
   }
 }
 
+// The int16 queries of every task row for group-scaled integer keys (plain
+// domain, softmax scale folded): nv vectors of `lanes` int16 a row, lane i
+// of vector v holding coordinate coord(v, i) (none past d), |q| <= qmax.
+template <class Coord>
+inline void PrepareGroupQ16(const attn::Task& task, long qmax, size_t nv, size_t lanes, const Coord& coord,
+                            AScratch& scr) {
+  const size_t d = task.d, len = nv * lanes;
+  scr.qg16.assign(task.num_rows * len, 0);
+  scr.qginv.assign(task.num_rows, 0.0f);
+  if (scr.tmp.size() < len) scr.tmp.resize(len);
+  for (size_t r = 0; r < task.num_rows; ++r) {
+    const float* q = task.rows[r].q;
+    float mx = 0.0f;
+    for (size_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(q[j]));
+    if (!(mx > 0.0f)) continue;  // zero query: the key part of every score is 0
+    const float qs = static_cast<float>(qmax) / mx;
+    float* f = scr.tmp.data();
+    for (size_t v = 0; v < nv; ++v) {
+      for (size_t i = 0; i < lanes; ++i) {
+        const size_t x = coord(v, i);
+        f[v * lanes + i] = x < d ? q[x] * qs : 0.0f;
+      }
+    }
+    RoundToI16(f, len, scr.qg16.data() + r * len);
+    scr.qginv[r] = 1.0f / qs;
+  }
+}
+
 // Marks rows rs[0..NR) as scored by an integer key kernel and points q[r]
 // at each row's int16 query (len lanes a task row, in q16) and qi[r] at its
 // inverse scale (inv).
@@ -2532,28 +2560,9 @@ inline size_t GKeyCoord(int kind, size_t v, size_t i) {
   return 128 * l + 4 * (byte % 32) + 2 * p + byte / 32;
 }
 
-// The int16 queries of every task row (plain domain, softmax scale folded).
+// The int16 queries of every task row (GKeyCoord order).
 inline void PrepareGKeys(const attn::Task& task, const GKeys& g, AScratch& scr) {
-  const size_t d = task.d, len = g.nv * 32;
-  scr.qg16.assign(task.num_rows * len, 0);
-  scr.qginv.assign(task.num_rows, 0.0f);
-  if (scr.tmp.size() < len) scr.tmp.resize(len);
-  for (size_t r = 0; r < task.num_rows; ++r) {
-    const float* q = task.rows[r].q;
-    float mx = 0.0f;
-    for (size_t j = 0; j < d; ++j) mx = std::max(mx, std::fabs(q[j]));
-    if (!(mx > 0.0f)) continue;  // zero query: the key part of every score is 0
-    const float qs = static_cast<float>(g.qmax) / mx;
-    float* f = scr.tmp.data();
-    for (size_t v = 0; v < g.nv; ++v) {
-      for (size_t i = 0; i < 32; ++i) {
-        const size_t x = GKeyCoord(g.kind, v, i);
-        f[v * 32 + i] = x < d ? q[x] * qs : 0.0f;
-      }
-    }
-    RoundToI16(f, len, scr.qg16.data() + r * len);
-    scr.qginv[r] = 1.0f / qs;
-  }
+  PrepareGroupQ16(task, g.qmax, g.nv, 32, [&](size_t v, size_t i) { return GKeyCoord(g.kind, v, i); }, scr);
 }
 
 template <int KIND, size_t NL, size_t NR>
@@ -3425,6 +3434,100 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
   }
 }
 
+// Int8-sym keys in groups of 32 at head_dim 128 as int16 dot products
+// (ScoreGKeys' int8 form for AVX2): per token the 4 group scales become
+// int16 ratios to the largest (<= 16383), vpmulhrsw brings each code to
+// those units (|k| <= 16257), and every row sums the token in one int32
+// accumulator a vector, scaled once by largest scale x 128 / 16383. Load l
+// (32 code bytes) is group l; its unpack halves h hold coordinates
+// 32 l + 16 blk + 8 h + m in lane 8 blk + m (I8KeyCoordAvx2).
+inline size_t I8KeyCoordAvx2(size_t v, size_t i) { return 32 * (v / 2) + 16 * (i / 8) + 8 * (v % 2) + i % 8; }
+inline GKeys MakeGKeysAvx2(const attn::Comp* c, size_t d) {
+  GKeys g;
+  if (c == nullptr || d != 128 || c->fmt != Fmt::kInt8 || c->group_size != 32 || c->meta_bytes != 8 ||
+      c->payload_bytes != 128) {
+    return g;
+  }
+  g.kind = 0;
+  g.ng = 4;
+  g.nl = 4;
+  g.nv = 8;
+  // An int32 lane sums 2 nv products of |k16| <= 16257 and |q| <= qmax.
+  g.qmax = std::min<long>(16383, 2147483647L / (2L * static_cast<long>(g.nv) * 16257L));
+  g.on = true;
+  return g;
+}
+template <size_t NR>
+HWY_NOINLINE void ScoreI8Avx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                              const float* koff, float* const* lg, AScratch& scr) {
+  const AF df;
+  const attn::Task& task = *ctx.task;
+  const int16_t* q[NR];
+  float qi[NR];
+  IntKeyRows<NR>(task, rs, scr.qg16, ctx.gk.nv * kN16, scr.qginv, q, qi);
+  const float unit = 128.0f / 16383.0f;
+  const __m128 c16383 = _mm_set1_ps(16383.0f);
+  const __m256i zero = _mm256_setzero_si256();
+  // vpshufb controls: the int16 ratio of group l in every lane.
+  HWY_ALIGN uint8_t ctl[4][32];
+  for (size_t l = 0; l < 4; ++l) {
+    for (size_t i = 0; i < 32; ++i) ctl[l][i] = static_cast<uint8_t>(2 * l + i % 2);
+  }
+  const bool fol = Follows(s, b);
+  const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
+  for (size_t t0 = a; t0 < b; t0 += kL) {
+    const size_t nt = std::min(kL, b - t0);
+    HWY_ALIGN float fac[kL] = {};
+    HWY_ALIGN AV parts[NR][kL];
+    for (size_t tt = 0; tt < kL; ++tt) {
+      if (tt >= nt) {
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        continue;
+      }
+      const size_t t = t0 + tt;
+      const uint8_t* row = s.k + t * s.k_stride;
+      hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
+      const uint8_t* vrow = s.v + t * s.v_stride;
+      for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
+      // The group scales (int8-sym: >= 0), their largest, the ratios.
+      const __m128 sv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.km + t * s.km_stride)));
+      __m128 mx = _mm_max_ps(sv, _mm_shuffle_ps(sv, sv, 0xB1));
+      mx = _mm_max_ps(mx, _mm_shuffle_ps(mx, mx, 0x4E));
+      const float m = _mm_cvtss_f32(mx);
+      fac[tt] = m * unit;
+      const __m128 inv = _mm_set1_ps(m > 0.0f ? 16383.0f / m : 0.0f);
+      const __m128i ri = _mm_cvtps_epi32(_mm_min_ps(_mm_mul_ps(sv, inv), c16383));
+      const __m256i rr = _mm256_broadcastsi128_si256(_mm_packs_epi32(ri, ri));
+      __m256i acc[NR];
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) acc[r] = zero;
+      HWY_UNROLL(4)
+      for (size_t l = 0; l < 4; ++l) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
+        const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
+        const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, x), rv);
+        const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, x), rv);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
+          acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+        }
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) parts[r][tt] = AV{_mm256_cvtepi32_ps(acc[r])};
+    }
+    const AV fv = hn::Load(df, fac);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_ALIGN float sums[kL];
+      hn::Store(hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r])), df,
+                sums);
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
+    }
+  }
+}
+
 // AccumMse16's passes for BITS-bit values at head_dim 128 (rows: the tile's
 // code rows in pairs, an odd tile's twin zero; wps: int16 weights, fac:
 // their factors back to float; priv: the rows' float sums). The two tokens'
@@ -4043,6 +4146,9 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     default:
 #if HWY_TARGET == HWY_AVX3_DL
       if (ScoreGKeysAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
+#endif
+#if HWY_TARGET == HWY_AVX2
+      if (ctx.gk.on) return ScoreI8Avx2<NR>(ctx, s, a, b, rs, koff, lg, scr);
 #endif
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
@@ -4668,6 +4774,10 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   if (kctx.gk.on) PrepareGKeys(task, kctx.gk, scr);
   if (BuildSplitKeys(task.kc, d, &kctx.sk)) PrepareSplitKeys(task, *task.kc, &kctx.sk, scr);
   BuildSplitVals(task.vc, d, &vctx.sv);
+#endif
+#if HWY_TARGET == HWY_AVX2
+  kctx.gk = MakeGKeysAvx2(task.kc, d);
+  if (kctx.gk.on) PrepareGroupQ16(task, kctx.gk.qmax, kctx.gk.nv, kN16, I8KeyCoordAvx2, scr);
 #endif
   const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
   if (vctx.i16.on) {
