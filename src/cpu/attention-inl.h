@@ -1325,6 +1325,25 @@ HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> ac
   return hn::ReorderWidenMulAccumulate(B32(), a, b, acc, acc2);
 }
 
+#if HWY_TARGET == HWY_AVX2
+// acc += pairwise int16 products of k and the 16 int16 at q (or of k and
+// w), summed into int32 lanes. Written as asm statements: with the
+// intrinsics GCC 12 computed a token's products ahead of their adds and
+// kept them on the stack.
+HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
+  __m256i t;
+  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0"
+      : "+x"(acc), "=&x"(t)
+      : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+  return acc;
+}
+HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
+  __m256i t;
+  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
+  return acc;
+}
+#endif
+
 // Prod keys' QJL term sqrt(pi/2)/m * gamma * sum_k (S q')_k (2 bit_k - 1)
 // with the sketch in int16 (PrepareQ16): with the set bits as -1 lanes, one
 // multiply-add a kN16 bits gives A = -sum_{bit set} q16, and the signed sum
@@ -2212,20 +2231,6 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
 }
 #endif
 
-#if HWY_TARGET == HWY_AVX3_DL
-// Int-asym values in groups of 32 coordinates with 8, 4 or 2 bits (q8 and
-// the k*_v8 presets, kivi4, kivi2) as int16 dot products: out_j +=
-// sum_t w_t (s_tg x_tj + z_tg) is sum_t (w_t s_tg) x_tj + sum_t w_t z_tg;
-// the products u_tg = w_t s_tg of a tile are rounded to int16 against their
-// largest per (row, group), codes x in [0, 2^bits) are zero-extended, and
-// tokens go in pairs (one int32 lane = x_t u_t + x_t+1 u_t+1: at most
-// 64 * 255 * 32767 < 2^31 a tile). Two groups a pass, 4 accumulators a row;
-// the int32 sums come back to coordinate order by permutes once a tile.
-// 8 bits: each token's group zero-extended and the two tokens' int16 lanes
-// interleaved. 4 and 2 bits: one byte permute puts a byte of each token in
-// every int32 lane (bytes 0 and 2), and shifts and masks pick the codes
-// (4 bits: even and odd coordinates of each group; 2 bits: code k of every
-// byte, the low 8 lanes from the first group, the high 8 from the second).
 // The int16 weights of one query row and one scale group of a tile (the
 // integer value kernels): u_t = round(w_t s_t wmax / m) for t < n + 1 (wr and
 // sc are zero past n), m = max_t |w_t s_t|, which it returns (0: all zero).
@@ -2256,6 +2261,142 @@ inline const uint8_t* ZeroRow() {
 }
 constexpr int kAsymWmax = 32767;
 
+// The int16 weights of int-asym values in groups of 32 (AccumAsymG32,
+// AccumAsym8Avx2): for row r and group g, u_t = round(w_t s_tg wmax / B)
+// against the bound B = max_t w_t x max_t |s_tg| (fac[r][g] = B / wmax;
+// wmax = kAsymWmax), and zsum[r][g] = sum_t w_t z_tg (the zeros' share);
+// sg and zg hold the tile's scales and zeros a group, zero past n. One max
+// a row and one a group, not one a (row, group) pair as TileWeights16
+// takes (that pass was a sixth of AccumAsymG32's work at 4 rows and 4
+// groups): the products lose only the bits by which the tile's largest
+// weight and largest scale miss each other, and a group's scales vary
+// little between tokens.
+template <size_t NR>
+HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, size_t ng,
+                               const float (*sg)[kTile + kL], const float (*zg)[kTile + kL],
+                               int16_t (*w16)[8][kTile + kL], float (*fac)[8], float (*zsum)[8]) {
+  const AF df;
+  const hn::Rebind<int16_t, AF> dh;
+  float smax[8];
+  for (size_t g = 0; g < ng; ++g) {
+    AV m = hn::Zero(df);
+    for (size_t u = 0; u < n; u += kL) m = hn::Max(m, hn::Abs(hn::Load(df, sg[g] + u)));
+    smax[g] = hn::GetLane(hn::MaxOfLanes(df, m));
+  }
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_values = true;
+    HWY_ALIGN float wr[kTile + kL];
+    PadWeights(w[r], n, wr);
+    AV m = hn::Zero(df);
+    for (size_t u = 0; u < n; u += kL) m = hn::Max(m, hn::Load(df, wr + u));
+    const float wm = hn::GetLane(hn::MaxOfLanes(df, m));
+    for (size_t g = 0; g < ng; ++g) {
+      const float bound = wm * smax[g];
+      const AV f = hn::Set(df, bound > 0.0f ? static_cast<float>(kAsymWmax) / bound : 0.0f);
+      AV zv = hn::Zero(df);
+      for (size_t u = 0; u < n + 1; u += kL) {
+        const AV wv = hn::Load(df, wr + u);
+        zv = hn::MulAdd(wv, hn::Load(df, zg[g] + u), zv);
+        hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Mul(wv, hn::Load(df, sg[g] + u)), f))), dh,
+                  w16[r][g] + u);
+      }
+      zsum[r][g] = hn::GetLane(hn::SumOfLanes(df, zv));
+      fac[r][g] = bound / static_cast<float>(kAsymWmax);
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX2
+// Int-asym 8-bit values in groups of 32 at head_dim 128 on AVX2 (q8 and the
+// k*_v8 presets), AccumAsymG32's sums with 16 coordinates a pass: the two
+// tokens of a pair zero-extended and their int16 lanes interleaved (one
+// int32 lane = x_t u_t + x_t+1 u_t+1), 2 accumulators a row (8 for 4 rows,
+// within the 16 ymm registers); lanes back to coordinate order by two
+// 128-bit permutes once a tile.
+template <size_t NR>
+HWY_NOINLINE void AccumAsym8Avx2(const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                                 float* const* w) {
+  constexpr size_t kG = 32, ng = 4;
+  const size_t n = b - a, npairs = (n + 1) / 2;
+  HWY_ALIGN float sg[8][kTile + kL];
+  HWY_ALIGN float zg[8][kTile + kL];
+  const uint8_t* rows[kTile + 1];
+  for (size_t t = 0; t < n; ++t) {
+    rows[t] = s.v + (a + t) * s.v_stride;
+    // 4 (scale, zero) fp16 pairs.
+    HWY_ALIGN float sz[8];
+    _mm256_store_ps(sz, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.vm + (a + t) * s.vm_stride))));
+    for (size_t g = 0; g < ng; ++g) {
+      sg[g][t] = sz[2 * g];
+      zg[g][t] = sz[2 * g + 1];
+    }
+  }
+  rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
+  for (size_t g = 0; g < ng; ++g) {
+    for (size_t t = n; t < kTile + kL; ++t) sg[g][t] = zg[g][t] = 0.0f;
+  }
+  HWY_ALIGN int16_t w16[NR][8][kTile + kL];
+  float fac[NR][8], zsum[NR][8];
+  AsymG32Weights<NR>(rs, w, n, ng, sg, zg, w16, fac, zsum);
+  for (size_t g = 0; g < ng; ++g) {
+    for (size_t h = 0; h < 2; ++h) {
+      const size_t off = g * kG + 16 * h;
+      __m256i acc[NR][2];
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (size_t p = 0; p < npairs; ++p) {
+        if (g == 0 && h == 0) {
+          // The next tile's rows and scales.
+          hwy::Prefetch(AheadV(s, a + kTile + 2 * p));
+          hwy::Prefetch(AheadV(s, a + kTile + 2 * p) + 64);
+          hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1));
+          hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1) + 64);
+          hwy::Prefetch(AheadVm(s, a + kTile + 2 * p));
+          hwy::Prefetch(AheadVm(s, a + kTile + 2 * p + 1));
+        }
+        const __m256i xa = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p] + off)));
+        const __m256i xb =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + off)));
+        // Lanes of c0: coordinates 0-3 and 8-11; of c1: 4-7 and 12-15.
+        const __m256i c0 = _mm256_unpacklo_epi16(xa, xb), c1 = _mm256_unpackhi_epi16(xa, xb);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, w16[r][g] + 2 * p, 4);
+          const __m256i wv = _mm256_set1_epi32(pair);
+          acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
+          acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
+        }
+      }
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        float* dst = rs[r]->acc + off;
+        const __m256 fv = _mm256_set1_ps(fac[r][g]), zv = _mm256_set1_ps(zsum[r][g]);
+        const __m256i lo = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20);
+        const __m256i hi = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31);
+        _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), fv, _mm256_loadu_ps(dst)), zv));
+        _mm256_storeu_ps(dst + 8,
+                         _mm256_add_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), fv, _mm256_loadu_ps(dst + 8)), zv));
+      }
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX2
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Int-asym values in groups of 32 coordinates with 8, 4 or 2 bits (q8 and
+// the k*_v8 presets, kivi4, kivi2) as int16 dot products: out_j +=
+// sum_t w_t (s_tg x_tj + z_tg) is sum_t (w_t s_tg) x_tj + sum_t w_t z_tg;
+// the products u_tg = w_t s_tg of a tile are rounded to int16 against their
+// largest per (row, group), codes x in [0, 2^bits) are zero-extended, and
+// tokens go in pairs (one int32 lane = x_t u_t + x_t+1 u_t+1: at most
+// 64 * 255 * 32767 < 2^31 a tile). Two groups a pass, 4 accumulators a row;
+// the int32 sums come back to coordinate order by permutes once a tile.
+// 8 bits: each token's group zero-extended and the two tokens' int16 lanes
+// interleaved. 4 and 2 bits: one byte permute puts a byte of each token in
+// every int32 lane (bytes 0 and 2), and shifts and masks pick the codes
+// (4 bits: even and odd coordinates of each group; 2 bits: code k of every
+// byte, the low 8 lanes from the first group, the high 8 from the second).
 template <int BITS, size_t NR>
 HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
                                attn::Row* const* rs, float* const* w) {
@@ -2322,43 +2463,7 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
   }
   HWY_ALIGN int16_t w16[NR][8][kTile + kL];
   float fac[NR][8], zsum[NR][8];
-  // The int16 weights of row r and group g, u_t = round(w_t s_t wmax / B),
-  // are scaled against the bound B = max_t w_t x max_t |s_t| (>= every
-  // |w_t s_t|): one max a row and one a group, not one a (row, group) pair
-  // as TileWeights16 takes (that pass was a sixth of this kernel's work at
-  // 4 rows and 4 groups). The products lose only the bits by which the
-  // tile's largest weight and largest scale miss each other, and a group's
-  // scales vary little between tokens. The zeros' share sums in the same pass.
-  {
-    const hn::Rebind<int16_t, AF> dh;
-    float smax[8];
-    for (size_t g = 0; g < ng; ++g) {
-      AV m = hn::Zero(df);
-      for (size_t u = 0; u < n; u += kL) m = hn::Max(m, hn::Abs(hn::Load(df, sg[g] + u)));
-      smax[g] = hn::GetLane(hn::MaxOfLanes(df, m));
-    }
-    for (size_t r = 0; r < NR; ++r) {
-      rs[r]->int_values = true;
-      HWY_ALIGN float wr[kTile + kL];
-      PadWeights(w[r], n, wr);
-      AV m = hn::Zero(df);
-      for (size_t u = 0; u < n; u += kL) m = hn::Max(m, hn::Load(df, wr + u));
-      const float wm = hn::GetLane(hn::MaxOfLanes(df, m));
-      for (size_t g = 0; g < ng; ++g) {
-        const float bound = wm * smax[g];
-        const AV f = hn::Set(df, bound > 0.0f ? static_cast<float>(kAsymWmax) / bound : 0.0f);
-        AV zv = hn::Zero(df);
-        for (size_t u = 0; u < n + 1; u += kL) {
-          const AV wv = hn::Load(df, wr + u);
-          zv = hn::MulAdd(wv, hn::Load(df, zg[g] + u), zv);
-          hn::Store(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::Mul(wv, hn::Load(df, sg[g] + u)), f))), dh,
-                    w16[r][g] + u);
-        }
-        zsum[r][g] = hn::GetLane(hn::SumOfLanes(df, zv));
-        fac[r][g] = bound / static_cast<float>(kAsymWmax);
-      }
-    }
-  }
+  AsymG32Weights<NR>(rs, w, n, ng, sg, zg, w16, fac, zsum);
   // Byte permute of the 4- and 2-bit kernels: int32 lane i gets byte i of
   // token a's piece (byte 0) and of token b's (byte 2); bytes 1 and 3 zero.
   HWY_ALIGN uint8_t pidx[64];
@@ -3329,23 +3434,6 @@ HWY_INLINE void CentAvx2(__m256i tlo, __m256i thi, __m256i ix, __m256i* c0, __m2
   *c0 = _mm256_unpacklo_epi8(lo, hi);
   *c1 = _mm256_unpackhi_epi8(lo, hi);
 }
-// acc += pairwise int16 products of k and the 16 int16 at q (or of k and
-// w), summed into int32 lanes. Written as asm statements: with the
-// intrinsics GCC 12 computed a token's products ahead of their adds and
-// kept them on the stack.
-HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
-  __m256i t;
-  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0"
-      : "+x"(acc), "=&x"(t)
-      : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
-  return acc;
-}
-HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
-  __m256i t;
-  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
-  return acc;
-}
-
 template <int BITS, size_t NR>
 HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                                const float* koff, float* const* lg, AScratch& scr) {
@@ -4480,6 +4568,12 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   if (vctx.i16.on) {  // one-block TurboQuant-MSE or one-group int-asym values
     const SegPart part{&s, a, b};
     return AccumMse16Parts<NR>(vctx, &part, 1, rs, w, scr);
+  }
+#endif
+#if HWY_TARGET == HWY_AVX2
+  if (vc.fmt == Fmt::kIntAsym && vc.group_size == 32 && vc.bits == 8 && d == 128 && vc.meta_bytes == 16 &&
+      vc.payload_bytes == 128 && s.vm != nullptr) {
+    return AccumAsym8Avx2<NR>(s, a, b, rs, w);
   }
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
