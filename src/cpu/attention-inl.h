@@ -2262,7 +2262,7 @@ inline const uint8_t* ZeroRow() {
 constexpr int kAsymWmax = 32767;
 
 // The int16 weights of int-asym values in groups of 32 (AccumAsymG32,
-// AccumAsym8Avx2): for row r and group g, u_t = round(w_t s_tg wmax / B)
+// AccumAsymAvx2): for row r and group g, u_t = round(w_t s_tg wmax / B)
 // against the bound B = max_t w_t x max_t |s_tg| (fac[r][g] = B / wmax;
 // wmax = kAsymWmax), and zsum[r][g] = sum_t w_t z_tg (the zeros' share);
 // sg and zg hold the tile's scales and zeros a group, zero past n. One max
@@ -2307,16 +2307,18 @@ HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, 
 }
 
 #if HWY_TARGET == HWY_AVX2
-// Int-asym 8-bit values in groups of 32 at head_dim 128 on AVX2 (q8 and the
-// k*_v8 presets), AccumAsymG32's sums with 16 coordinates a pass: the two
-// tokens of a pair zero-extended and their int16 lanes interleaved (one
-// int32 lane = x_t u_t + x_t+1 u_t+1), 2 accumulators a row (8 for 4 rows,
-// within the 16 ymm registers); lanes back to coordinate order by two
-// 128-bit permutes once a tile.
-template <size_t NR>
-HWY_NOINLINE void AccumAsym8Avx2(const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
-                                 float* const* w) {
+// Int-asym 8- and 4-bit values in groups of 32 at head_dim 128 on AVX2 (q8,
+// the k*_v8 presets, kivi4), AccumAsymG32's sums with 16 coordinates a
+// pass: the two tokens' code bytes interleaved and zero-extended to int16
+// (one int32 lane = x_t u_t + x_t+1 u_t+1; 4 bits: the low and the high
+// nibbles of those bytes are the even and the odd coordinates), 2
+// accumulators a row (8 for 4 rows, within the 16 ymm registers); lanes
+// back to coordinate order by permutes once a tile.
+template <int BITS, size_t NR>
+HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                                float* const* w) {
   constexpr size_t kG = 32, ng = 4;
+  constexpr size_t kGB = kG * BITS / 8;  // code bytes of a group
   const size_t n = b - a, npairs = (n + 1) / 2;
   HWY_ALIGN float sg[8][kTile + kL];
   HWY_ALIGN float zg[8][kTile + kL];
@@ -2340,7 +2342,8 @@ HWY_NOINLINE void AccumAsym8Avx2(const attn::Seg& s, size_t a, size_t b, attn::R
   AsymG32Weights<NR>(rs, w, n, ng, sg, zg, w16, fac, zsum);
   for (size_t g = 0; g < ng; ++g) {
     for (size_t h = 0; h < 2; ++h) {
-      const size_t off = g * kG + 16 * h;
+      const size_t off = g * kGB + kGB / 2 * h;  // code bytes of the pass
+      const size_t out = g * kG + 16 * h;       // its first coordinate
       __m256i acc[NR][2];
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
@@ -2348,17 +2351,33 @@ HWY_NOINLINE void AccumAsym8Avx2(const attn::Seg& s, size_t a, size_t b, attn::R
         if (g == 0 && h == 0) {
           // The next tile's rows and scales.
           hwy::Prefetch(AheadV(s, a + kTile + 2 * p));
-          hwy::Prefetch(AheadV(s, a + kTile + 2 * p) + 64);
           hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1));
-          hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1) + 64);
+          if constexpr (BITS == 8) {
+            hwy::Prefetch(AheadV(s, a + kTile + 2 * p) + 64);
+            hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1) + 64);
+          }
           hwy::Prefetch(AheadVm(s, a + kTile + 2 * p));
           hwy::Prefetch(AheadVm(s, a + kTile + 2 * p + 1));
         }
-        const __m256i xa = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p] + off)));
-        const __m256i xb =
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + off)));
-        // Lanes of c0: coordinates 0-3 and 8-11; of c1: 4-7 and 12-15.
-        const __m256i c0 = _mm256_unpacklo_epi16(xa, xb), c1 = _mm256_unpackhi_epi16(xa, xb);
+        __m256i c0, c1;
+        if constexpr (BITS == 8) {
+          const __m256i xa =
+              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p] + off)));
+          const __m256i xb =
+              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + off)));
+          // Lanes of c0: coordinates 0-3 and 8-11; of c1: 4-7 and 12-15.
+          c0 = _mm256_unpacklo_epi16(xa, xb);
+          c1 = _mm256_unpackhi_epi16(xa, xb);
+        } else {
+          // Bytes 8 h .. 8 h + 7 of the group (coordinates 16 h .. 16 h + 15)
+          // of both tokens, interleaved: lane i = (byte i of a, byte i of b).
+          const __m128i xa = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[2 * p] + off));
+          const __m128i xb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + off));
+          const __m256i x = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+          // Lane i of c0: coordinate 2 i; of c1: 2 i + 1.
+          c0 = _mm256_and_si256(x, _mm256_set1_epi16(0x0F));
+          c1 = _mm256_srli_epi16(x, 4);
+        }
         HWY_UNROLL(4)
         for (size_t r = 0; r < NR; ++r) {
           int32_t pair;
@@ -2370,10 +2389,16 @@ HWY_NOINLINE void AccumAsym8Avx2(const attn::Seg& s, size_t a, size_t b, attn::R
       }
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) {
-        float* dst = rs[r]->acc + off;
+        float* dst = rs[r]->acc + out;
         const __m256 fv = _mm256_set1_ps(fac[r][g]), zv = _mm256_set1_ps(zsum[r][g]);
-        const __m256i lo = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20);
-        const __m256i hi = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31);
+        __m256i s0 = acc[r][0], s1 = acc[r][1];
+        if constexpr (BITS == 4) {  // even and odd coordinates interleaved: 0-3 | 8-11 and 4-7 | 12-15
+          const __m256i e = s0;
+          s0 = _mm256_unpacklo_epi32(e, s1);
+          s1 = _mm256_unpackhi_epi32(e, s1);
+        }
+        const __m256i lo = _mm256_permute2x128_si256(s0, s1, 0x20);
+        const __m256i hi = _mm256_permute2x128_si256(s0, s1, 0x31);
         _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), fv, _mm256_loadu_ps(dst)), zv));
         _mm256_storeu_ps(dst + 8,
                          _mm256_add_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), fv, _mm256_loadu_ps(dst + 8)), zv));
@@ -3522,50 +3547,77 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
   }
 }
 
-// Int8-sym keys in groups of 32 at head_dim 128 as int16 dot products
-// (ScoreGKeys' int8 form for AVX2): per token the 4 group scales become
-// int16 ratios to the largest (<= 16383), vpmulhrsw brings each code to
-// those units (|k| <= 16257), and every row sums the token in one int32
-// accumulator a vector, scaled once by largest scale x 128 / 16383. Load l
-// (32 code bytes) is group l; its unpack halves h hold coordinates
-// 32 l + 16 blk + 8 h + m in lane 8 blk + m (I8KeyCoordAvx2).
-inline size_t I8KeyCoordAvx2(size_t v, size_t i) { return 32 * (v / 2) + 16 * (i / 8) + 8 * (v % 2) + i % 8; }
+// Group-scaled integer keys at head_dim 128 as int16 dot products on AVX2
+// (ScoreGKeys' forms for int8-sym and int-asym 4-bit keys in groups of
+// 32): per token the 4 group scales become int16 ratios to the largest
+// (<= 16383), vpmulhrsw brings each code (int8: c << 8; int-asym: (u - 8)
+// << 11, centered) to those units (|k| <= 16257, 8192), and every row sums
+// the token in one int32 accumulator a vector, scaled once by largest scale
+// x 128 / 16383 (int-asym: 16 / 16383); int-asym keys add sum_g (z_g + 8
+// s_g) sum_{j in g} q_j in float. Query lanes (GKeyCoordAvx2): int8, load
+// l (32 bytes) is group l and its unpack halves h hold coordinates 32 l +
+// 16 blk + 8 h + m in lane 8 blk + m (v = 2 l + h); int-asym, load l holds
+// groups 2 l (low block) and 2 l + 1 (high block), v = 4 l + 2 p + h with
+// p the nibble plane (even or odd coordinates).
+inline size_t GKeyCoordAvx2(int kind, size_t v, size_t i) {
+  const size_t blk = i / 8, m = i % 8;
+  if (kind == 0) return 32 * (v / 2) + 16 * blk + 8 * (v % 2) + m;
+  const size_t l = v / 4, p = (v / 2) % 2, h = v % 2;
+  return 32 * (2 * l + blk) + 2 * (8 * h + m) + p;
+}
 inline GKeys MakeGKeysAvx2(const attn::Comp* c, size_t d) {
   GKeys g;
-  if (c == nullptr || d != 128 || c->fmt != Fmt::kInt8 || c->group_size != 32 || c->meta_bytes != 8 ||
-      c->payload_bytes != 128) {
+  if (c == nullptr || d != 128 || c->group_size != 32) return g;
+  if (c->fmt == Fmt::kInt8 && c->meta_bytes == 8 && c->payload_bytes == 128) {
+    g.kind = 0;
+    g.nl = 4;
+    g.nv = 8;
+  } else if (c->fmt == Fmt::kIntAsym && c->bits == 4 && c->meta_bytes == 16 && c->payload_bytes == 64) {
+    g.kind = 1;
+    g.nl = 2;
+    g.nv = 8;
+  } else {
     return g;
   }
-  g.kind = 0;
   g.ng = 4;
-  g.nl = 4;
-  g.nv = 8;
-  // An int32 lane sums 2 nv products of |k16| <= 16257 and |q| <= qmax.
-  g.qmax = std::min<long>(16383, 2147483647L / (2L * static_cast<long>(g.nv) * 16257L));
+  // An int32 lane sums 2 nv products of |k16| <= kmax and |q| <= qmax.
+  const long kmax = g.kind == 0 ? 16257 : 8192;
+  g.qmax = std::min<long>(16383, 2147483647L / (2L * static_cast<long>(g.nv) * kmax));
   g.on = true;
   return g;
 }
-template <size_t NR>
-HWY_NOINLINE void ScoreI8Avx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
-                              const float* koff, float* const* lg, AScratch& scr) {
+template <int KIND, size_t NR>
+HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                                 const float* koff, float* const* lg, AScratch& scr) {
   const AF df;
   const attn::Task& task = *ctx.task;
   const int16_t* q[NR];
   float qi[NR];
   IntKeyRows<NR>(task, rs, scr.qg16, ctx.gk.nv * kN16, scr.qginv, q, qi);
-  const float unit = 128.0f / 16383.0f;
+  const float unit = (KIND == 0 ? 128.0f : 16.0f) / 16383.0f;
   const __m128 c16383 = _mm_set1_ps(16383.0f);
   const __m256i zero = _mm256_setzero_si256();
-  // vpshufb controls: the int16 ratio of group l in every lane.
+  // vpshufb controls: the int16 ratio of each lane's group (int8: group l
+  // in both blocks; int-asym: groups 2 l and 2 l + 1).
   HWY_ALIGN uint8_t ctl[4][32];
   for (size_t l = 0; l < 4; ++l) {
-    for (size_t i = 0; i < 32; ++i) ctl[l][i] = static_cast<uint8_t>(2 * l + i % 2);
+    for (size_t i = 0; i < 32; ++i) {
+      const size_t g = KIND == 0 ? l : (2 * l + i / 16) % 4;
+      ctl[l][i] = static_cast<uint8_t>(2 * g + i % 2);
+    }
   }
+  // int-asym: code u -> (u - 8) << 3 as a byte.
+  HWY_ALIGN int8_t tab[16];
+  for (int i = 0; i < 16; ++i) tab[i] = static_cast<int8_t>((i - 8) * 8);
+  const __m256i ntab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tab)));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i sz_split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   const bool fol = Follows(s, b);
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   for (size_t t0 = a; t0 < b; t0 += kL) {
     const size_t nt = std::min(kL, b - t0);
     HWY_ALIGN float fac[kL] = {};
+    HWY_ALIGN float zc[4][kL] = {};  // int-asym: z_g + 8 s_g per token
     HWY_ALIGN AV parts[NR][kL];
     for (size_t tt = 0; tt < kL; ++tt) {
       if (tt >= nt) {
@@ -3578,8 +3630,19 @@ HWY_NOINLINE void ScoreI8Avx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, s
       hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
       const uint8_t* vrow = s.v + t * s.v_stride;
       for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
-      // The group scales (int8-sym: >= 0), their largest, the ratios.
-      const __m128 sv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.km + t * s.km_stride)));
+      // The group scales (>= 0), their largest, the ratios.
+      const uint8_t* meta = s.km + t * s.km_stride;
+      __m128 sv;
+      if constexpr (KIND == 0) {
+        sv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta)));
+      } else {  // (scale, zero) pairs: scales to the low half, zeros to the high
+        const __m256 sz = _mm256_permutevar8x32_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta))), sz_split);
+        sv = _mm256_castps256_ps128(sz);
+        HWY_ALIGN float zv[4];
+        _mm_store_ps(zv, _mm_fmadd_ps(sv, _mm_set1_ps(8.0f), _mm256_extractf128_ps(sz, 1)));
+        for (size_t g = 0; g < 4; ++g) zc[g][tt] = zv[g];
+      }
       __m128 mx = _mm_max_ps(sv, _mm_shuffle_ps(sv, sv, 0xB1));
       mx = _mm_max_ps(mx, _mm_shuffle_ps(mx, mx, 0x4E));
       const float m = _mm_cvtss_f32(mx);
@@ -3590,16 +3653,37 @@ HWY_NOINLINE void ScoreI8Avx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, s
       __m256i acc[NR];
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) acc[r] = zero;
-      HWY_UNROLL(4)
-      for (size_t l = 0; l < 4; ++l) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
-        const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
-        const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, x), rv);
-        const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, x), rv);
+      if constexpr (KIND == 0) {
         HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) {
-          acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
-          acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+        for (size_t l = 0; l < 4; ++l) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
+          const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
+          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, x), rv);
+          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, x), rv);
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) {
+            acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
+            acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+          }
+        }
+      } else {
+        HWY_UNROLL(2)
+        for (size_t l = 0; l < 2; ++l) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
+          const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
+          const __m256i p0 = _mm256_shuffle_epi8(ntab, _mm256_and_si256(x, m4));
+          const __m256i p1 = _mm256_shuffle_epi8(ntab, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, p0), rv);
+          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p0), rv);
+          const __m256i k2 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, p1), rv);
+          const __m256i k3 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p1), rv);
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) {
+            acc[r] = MaddAvx2(acc[r], k0, q[r] + 4 * l * kN16);
+            acc[r] = MaddAvx2(acc[r], k1, q[r] + (4 * l + 1) * kN16);
+            acc[r] = MaddAvx2(acc[r], k2, q[r] + (4 * l + 2) * kN16);
+            acc[r] = MaddAvx2(acc[r], k3, q[r] + (4 * l + 3) * kN16);
+          }
         }
       }
       HWY_UNROLL(4)
@@ -3609,8 +3693,12 @@ HWY_NOINLINE void ScoreI8Avx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, s
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
-      hn::Store(hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r])), df,
-                sums);
+      AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
+      if constexpr (KIND == 1) {
+        const float* qg = rs[r]->qgs;
+        for (size_t g = 0; g < 4; ++g) tot = hn::MulAdd(hn::Load(df, zc[g]), hn::Set(df, qg[g]), tot);
+      }
+      hn::Store(tot, df, sums);
       for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
     }
   }
@@ -4226,6 +4314,9 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 #if HWY_TARGET == HWY_AVX3_DL
       if (ScoreGKeysAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
 #endif
+#if HWY_TARGET == HWY_AVX2
+      if (ctx.gk.on && ctx.gk.kind == 1) return ScoreGKeysAvx2<1, NR>(ctx, s, a, b, rs, koff, lg, scr);
+#endif
       // sum_j q_j (s u_j + z) per group: the decoder yields s u + z directly.
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
@@ -4236,7 +4327,7 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
       if (ScoreGKeysAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
 #endif
 #if HWY_TARGET == HWY_AVX2
-      if (ctx.gk.on) return ScoreI8Avx2<NR>(ctx, s, a, b, rs, koff, lg, scr);
+      if (ctx.gk.on && ctx.gk.kind == 0) return ScoreGKeysAvx2<0, NR>(ctx, s, a, b, rs, koff, lg, scr);
 #endif
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) q[r] = rs[r]->q;
@@ -4571,9 +4662,9 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   }
 #endif
 #if HWY_TARGET == HWY_AVX2
-  if (vc.fmt == Fmt::kIntAsym && vc.group_size == 32 && vc.bits == 8 && d == 128 && vc.meta_bytes == 16 &&
-      vc.payload_bytes == 128 && s.vm != nullptr) {
-    return AccumAsym8Avx2<NR>(s, a, b, rs, w);
+  if (vc.fmt == Fmt::kIntAsym && vc.group_size == 32 && d == 128 && vc.meta_bytes == 16 && s.vm != nullptr) {
+    if (vc.bits == 8 && vc.payload_bytes == 128) return AccumAsymAvx2<8, NR>(s, a, b, rs, w);
+    if (vc.bits == 4 && vc.payload_bytes == 64) return AccumAsymAvx2<4, NR>(s, a, b, rs, w);
   }
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
@@ -4871,7 +4962,11 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
 #endif
 #if HWY_TARGET == HWY_AVX2
   kctx.gk = MakeGKeysAvx2(task.kc, d);
-  if (kctx.gk.on) PrepareGroupQ16(task, kctx.gk.qmax, kctx.gk.nv, kN16, I8KeyCoordAvx2, scr);
+  if (kctx.gk.on) {
+    const int kind = kctx.gk.kind;
+    PrepareGroupQ16(task, kctx.gk.qmax, kctx.gk.nv, kN16,
+                    [kind](size_t v, size_t i) { return GKeyCoordAvx2(kind, v, i); }, scr);
+  }
 #endif
   const size_t priv_len = vctx.i16.on ? vctx.i16.nvec_v * kN32 : 0;
   if (vctx.i16.on) {
