@@ -2307,13 +2307,14 @@ HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, 
 }
 
 #if HWY_TARGET == HWY_AVX2
-// Int-asym 8- and 4-bit values in groups of 32 at head_dim 128 on AVX2 (q8,
-// the k*_v8 presets, kivi4), AccumAsymG32's sums with 16 coordinates a
-// pass: the two tokens' code bytes interleaved and zero-extended to int16
-// (one int32 lane = x_t u_t + x_t+1 u_t+1; 4 bits: the low and the high
-// nibbles of those bytes are the even and the odd coordinates), 2
-// accumulators a row (8 for 4 rows, within the 16 ymm registers); lanes
-// back to coordinate order by permutes once a tile.
+// Int-asym 8-, 4- and 2-bit values in groups of 32 at head_dim 128 on AVX2
+// (q8, the k*_v8 presets, kivi4, kivi2), AccumAsymG32's sums with 16
+// coordinates a pass: the two tokens' code bytes interleaved and
+// zero-extended to int16 (one int32 lane = x_t u_t + x_t+1 u_t+1; 4 bits:
+// the low and the high nibbles of those bytes are the even and the odd
+// coordinates; 2 bits: codes 2 h and 2 h + 1 of each byte), 2 accumulators
+// a row (8 for 4 rows, within the 16 ymm registers); lanes back to
+// coordinate order by permutes once a tile.
 template <int BITS, size_t NR>
 HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
                                 float* const* w) {
@@ -2340,10 +2341,13 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
   HWY_ALIGN int16_t w16[NR][8][kTile + kL];
   float fac[NR][8], zsum[NR][8];
   AsymG32Weights<NR>(rs, w, n, ng, sg, zg, w16, fac, zsum);
+  __m256i keep[NR][2];  // 2 bits: a group's sums of codes 0 and 1
   for (size_t g = 0; g < ng; ++g) {
     for (size_t h = 0; h < 2; ++h) {
-      const size_t off = g * kGB + kGB / 2 * h;  // code bytes of the pass
-      const size_t out = g * kG + 16 * h;       // its first coordinate
+      // Code bytes of the pass (2 bits: the whole group, codes 2 h and
+      // 2 h + 1 of each byte) and its first coordinate.
+      const size_t off = BITS == 2 ? g * kGB : g * kGB + kGB / 2 * h;
+      const size_t out = g * kG + 16 * h;
       __m256i acc[NR][2];
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
@@ -2368,6 +2372,15 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
           // Lanes of c0: coordinates 0-3 and 8-11; of c1: 4-7 and 12-15.
           c0 = _mm256_unpacklo_epi16(xa, xb);
           c1 = _mm256_unpackhi_epi16(xa, xb);
+        } else if constexpr (BITS == 2) {
+          // The group's 8 bytes of both tokens interleaved: lane i = (byte i
+          // of a, byte i of b); lane i of c0 / c1: coordinate 4 i + 2 h / + 1.
+          const __m128i xa = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[2 * p] + off));
+          const __m128i xb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[2 * p + 1] + off));
+          const __m256i x = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+          const __m256i m3 = _mm256_set1_epi16(3);
+          c0 = _mm256_and_si256(_mm256_srli_epi16(x, static_cast<int>(4 * h)), m3);
+          c1 = _mm256_and_si256(_mm256_srli_epi16(x, static_cast<int>(4 * h + 2)), m3);
         } else {
           // Bytes 8 h .. 8 h + 7 of the group (coordinates 16 h .. 16 h + 15)
           // of both tokens, interleaved: lane i = (byte i of a, byte i of b).
@@ -2386,6 +2399,39 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
           acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
           acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
         }
+      }
+      if constexpr (BITS == 2) {
+        // Codes 0 and 1 kept until codes 2 and 3 are summed, then the four
+        // vectors (lane i of vector k: coordinate 4 i + k) to coordinate order.
+        if (h == 0) {
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) {
+            keep[r][0] = acc[r][0];
+            keep[r][1] = acc[r][1];
+          }
+          continue;
+        }
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          float* dst = rs[r]->acc + g * kG;
+          const __m256 fv = _mm256_set1_ps(fac[r][g]), zv = _mm256_set1_ps(zsum[r][g]);
+          const __m256i t01l = _mm256_unpacklo_epi32(keep[r][0], keep[r][1]);
+          const __m256i t23l = _mm256_unpacklo_epi32(acc[r][0], acc[r][1]);
+          const __m256i t01h = _mm256_unpackhi_epi32(keep[r][0], keep[r][1]);
+          const __m256i t23h = _mm256_unpackhi_epi32(acc[r][0], acc[r][1]);
+          const __m256i q0 = _mm256_unpacklo_epi64(t01l, t23l);  // coordinates 0-3 | 16-19
+          const __m256i q1 = _mm256_unpackhi_epi64(t01l, t23l);  // 4-7 | 20-23
+          const __m256i q2 = _mm256_unpacklo_epi64(t01h, t23h);  // 8-11 | 24-27
+          const __m256i q3 = _mm256_unpackhi_epi64(t01h, t23h);  // 12-15 | 28-31
+          const __m256i o[4] = {_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q2, q3, 0x20),
+                                _mm256_permute2x128_si256(q0, q1, 0x31), _mm256_permute2x128_si256(q2, q3, 0x31)};
+          for (size_t k = 0; k < 4; ++k) {
+            _mm256_storeu_ps(dst + 8 * k, _mm256_add_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(o[k]), fv,
+                                                                        _mm256_loadu_ps(dst + 8 * k)),
+                                                        zv));
+          }
+        }
+        continue;
       }
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) {
@@ -3550,18 +3596,21 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
 // Group-scaled integer keys at head_dim 128 as int16 dot products on AVX2
 // (ScoreGKeys' forms for int8-sym and int-asym 4-bit keys in groups of
 // 32): per token the 4 group scales become int16 ratios to the largest
-// (<= 16383), vpmulhrsw brings each code (int8: c << 8; int-asym: (u - 8)
-// << 11, centered) to those units (|k| <= 16257, 8192), and every row sums
-// the token in one int32 accumulator a vector, scaled once by largest scale
-// x 128 / 16383 (int-asym: 16 / 16383); int-asym keys add sum_g (z_g + 8
-// s_g) sum_{j in g} q_j in float. Query lanes (GKeyCoordAvx2): int8, load
+// (<= 16383), vpmulhrsw brings each code (int8: c << 8; int-asym 4/2-bit:
+// (u - 8) << 11 / (u - 2) << 13, centered) to those units (|k| <= 16257,
+// 8192), and every row sums the token in one int32 accumulator a vector,
+// scaled once by largest scale x 128 / 16383 (int-asym: 16 or 4 / 16383);
+// int-asym keys add sum_g (z_g + 2^(bits-1) s_g) sum_{j in g} q_j in float. Query lanes (GKeyCoordAvx2): int8, load
 // l (32 bytes) is group l and its unpack halves h hold coordinates 32 l +
 // 16 blk + 8 h + m in lane 8 blk + m (v = 2 l + h); int-asym, load l holds
 // groups 2 l (low block) and 2 l + 1 (high block), v = 4 l + 2 p + h with
-// p the nibble plane (even or odd coordinates).
+// p the nibble plane (even or odd coordinates); int-asym 2-bit, the row's
+// one load holds group g in bytes 8 g .. 8 g + 7, and v = 2 k + h (code k
+// of each byte, unpack half h: groups h and 2 + h).
 inline size_t GKeyCoordAvx2(int kind, size_t v, size_t i) {
   const size_t blk = i / 8, m = i % 8;
   if (kind == 0) return 32 * (v / 2) + 16 * blk + 8 * (v % 2) + m;
+  if (kind == 2) return 32 * (2 * blk + v % 2) + 4 * m + v / 2;  // v = 2 k + h: code k of each byte
   const size_t l = v / 4, p = (v / 2) % 2, h = v % 2;
   return 32 * (2 * l + blk) + 2 * (8 * h + m) + p;
 }
@@ -3575,6 +3624,10 @@ inline GKeys MakeGKeysAvx2(const attn::Comp* c, size_t d) {
   } else if (c->fmt == Fmt::kIntAsym && c->bits == 4 && c->meta_bytes == 16 && c->payload_bytes == 64) {
     g.kind = 1;
     g.nl = 2;
+    g.nv = 8;
+  } else if (c->fmt == Fmt::kIntAsym && c->bits == 2 && c->meta_bytes == 16 && c->payload_bytes == 32) {
+    g.kind = 2;
+    g.nl = 1;
     g.nv = 8;
   } else {
     return g;
@@ -3594,21 +3647,22 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
   const int16_t* q[NR];
   float qi[NR];
   IntKeyRows<NR>(task, rs, scr.qg16, ctx.gk.nv * kN16, scr.qginv, q, qi);
-  const float unit = (KIND == 0 ? 128.0f : 16.0f) / 16383.0f;
+  const float unit = (KIND == 0 ? 128.0f : KIND == 1 ? 16.0f : 4.0f) / 16383.0f;
   const __m128 c16383 = _mm_set1_ps(16383.0f);
   const __m256i zero = _mm256_setzero_si256();
   // vpshufb controls: the int16 ratio of each lane's group (int8: group l
-  // in both blocks; int-asym: groups 2 l and 2 l + 1).
+  // in both blocks; int-asym 4-bit: groups 2 l and 2 l + 1; 2-bit: unpack
+  // half l, groups l and 2 + l).
   HWY_ALIGN uint8_t ctl[4][32];
   for (size_t l = 0; l < 4; ++l) {
     for (size_t i = 0; i < 32; ++i) {
-      const size_t g = KIND == 0 ? l : (2 * l + i / 16) % 4;
+      const size_t g = KIND == 0 ? l : KIND == 1 ? (2 * l + i / 16) % 4 : (l % 2 + 2 * (i / 16));
       ctl[l][i] = static_cast<uint8_t>(2 * g + i % 2);
     }
   }
-  // int-asym: code u -> (u - 8) << 3 as a byte.
+  // int-asym: code u -> (u - 8) << 3 (4 bits) or (u - 2) << 5 (2 bits) as a byte.
   HWY_ALIGN int8_t tab[16];
-  for (int i = 0; i < 16; ++i) tab[i] = static_cast<int8_t>((i - 8) * 8);
+  for (int i = 0; i < 16; ++i) tab[i] = static_cast<int8_t>(KIND == 2 ? (i % 4 - 2) * 32 : (i - 8) * 8);
   const __m256i ntab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tab)));
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i sz_split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -3640,7 +3694,7 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta))), sz_split);
         sv = _mm256_castps256_ps128(sz);
         HWY_ALIGN float zv[4];
-        _mm_store_ps(zv, _mm_fmadd_ps(sv, _mm_set1_ps(8.0f), _mm256_extractf128_ps(sz, 1)));
+        _mm_store_ps(zv, _mm_fmadd_ps(sv, _mm_set1_ps(KIND == 1 ? 8.0f : 2.0f), _mm256_extractf128_ps(sz, 1)));
         for (size_t g = 0; g < 4; ++g) zc[g][tt] = zv[g];
       }
       __m128 mx = _mm_max_ps(sv, _mm_shuffle_ps(sv, sv, 0xB1));
@@ -3664,6 +3718,24 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
           for (size_t r = 0; r < NR; ++r) {
             acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
             acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+          }
+        }
+      } else if constexpr (KIND == 2) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+        const __m256i r0 = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[0])));
+        const __m256i r1 = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[1])));
+        HWY_UNROLL(4)
+        for (size_t k = 0; k < 4; ++k) {
+          // Code k of every byte (the table repeats every 4 entries: no mask
+          // for the bits above it beyond the nibble).
+          const __m256i pk = _mm256_shuffle_epi8(
+              ntab, _mm256_and_si256(_mm256_srli_epi16(x, static_cast<int>(2 * k)), m4));
+          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, pk), r0);
+          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, pk), r1);
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) {
+            acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * k * kN16);
+            acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * k + 1) * kN16);
           }
         }
       } else {
@@ -3694,7 +3766,7 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
     for (size_t r = 0; r < NR; ++r) {
       HWY_ALIGN float sums[kL];
       AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
-      if constexpr (KIND == 1) {
+      if constexpr (KIND >= 1) {
         const float* qg = rs[r]->qgs;
         for (size_t g = 0; g < 4; ++g) tot = hn::MulAdd(hn::Load(df, zc[g]), hn::Set(df, qg[g]), tot);
       }
@@ -4316,6 +4388,7 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 #endif
 #if HWY_TARGET == HWY_AVX2
       if (ctx.gk.on && ctx.gk.kind == 1) return ScoreGKeysAvx2<1, NR>(ctx, s, a, b, rs, koff, lg, scr);
+      if (ctx.gk.on && ctx.gk.kind == 2) return ScoreGKeysAvx2<2, NR>(ctx, s, a, b, rs, koff, lg, scr);
 #endif
       // sum_j q_j (s u_j + z) per group: the decoder yields s u + z directly.
       HWY_UNROLL(4)
@@ -4665,6 +4738,7 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
   if (vc.fmt == Fmt::kIntAsym && vc.group_size == 32 && d == 128 && vc.meta_bytes == 16 && s.vm != nullptr) {
     if (vc.bits == 8 && vc.payload_bytes == 128) return AccumAsymAvx2<8, NR>(s, a, b, rs, w);
     if (vc.bits == 4 && vc.payload_bytes == 64) return AccumAsymAvx2<4, NR>(s, a, b, rs, w);
+    if (vc.bits == 2 && vc.payload_bytes == 32) return AccumAsymAvx2<2, NR>(s, a, b, rs, w);
   }
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
