@@ -2265,7 +2265,8 @@ constexpr int kAsymWmax = 32767;
 // AccumAsymAvx2): for row r and group g, u_t = round(w_t s_tg wmax / B)
 // against the bound B = max_t w_t x max_t |s_tg| (fac[r][g] = B / wmax;
 // wmax = kAsymWmax), and zsum[r][g] = sum_t w_t z_tg (the zeros' share);
-// sg and zg hold the tile's scales and zeros a group, zero past n. One max
+// sg and zg hold the tile's scales and zeros a group (zeroed here past n,
+// to kTile + kL). One max
 // a row and one a group, not one a (row, group) pair as TileWeights16
 // takes (that pass was a sixth of AccumAsymG32's work at 4 rows and 4
 // groups): the products lose only the bits by which the tile's largest
@@ -2273,10 +2274,13 @@ constexpr int kAsymWmax = 32767;
 // little between tokens.
 template <size_t NR>
 HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, size_t ng,
-                               const float (*sg)[kTile + kL], const float (*zg)[kTile + kL],
+                               float (*sg)[kTile + kL], float (*zg)[kTile + kL],
                                int16_t (*w16)[8][kTile + kL], float (*fac)[8], float (*zsum)[8]) {
   const AF df;
   const hn::Rebind<int16_t, AF> dh;
+  for (size_t g = 0; g < ng; ++g) {
+    for (size_t t = n; t < kTile + kL; ++t) sg[g][t] = zg[g][t] = 0.0f;
+  }
   float smax[8];
   for (size_t g = 0; g < ng; ++g) {
     AV m = hn::Zero(df);
@@ -2335,9 +2339,6 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
     }
   }
   rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
-  for (size_t g = 0; g < ng; ++g) {
-    for (size_t t = n; t < kTile + kL; ++t) sg[g][t] = zg[g][t] = 0.0f;
-  }
   HWY_ALIGN int16_t w16[NR][8][kTile + kL];
   float fac[NR][8], zsum[NR][8];
   AsymG32Weights<NR>(rs, w, n, ng, sg, zg, w16, fac, zsum);
@@ -2529,9 +2530,6 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
     }
   }
   rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
-  for (size_t g = 0; g < ng; ++g) {
-    for (size_t t = n; t < kTile + kL; ++t) sg[g][t] = zg[g][t] = 0.0f;
-  }
   HWY_ALIGN int16_t w16[NR][8][kTile + kL];
   float fac[NR][8], zsum[NR][8];
   AsymG32Weights<NR>(rs, w, n, ng, sg, zg, w16, fac, zsum);
@@ -3505,10 +3503,54 @@ HWY_INLINE void CentAvx2(__m256i tlo, __m256i thi, __m256i ix, __m256i* c0, __m2
   *c0 = _mm256_unpacklo_epi8(lo, hi);
   *c1 = _mm256_unpackhi_epi8(lo, hi);
 }
+// The token loop of the AVX2 key kernels over rows [a, b) of s, kL tokens
+// a tile: tile(t0, nt, fac) fills fac[0..kL) (zero past nt) or leaves it to
+// the tokens; token(t, tt, fac, acc) sets the NR int32 sums of token t
+// (slot tt of the tile); then row r's logits at lg[r] + (t - a) are
+// sum x fac x qi[r] + koff[r] + extra(r) (a vector of the tile's tokens).
+// Each token's key row is prefetched `ahead` rows ahead, and its value row
+// (vbytes) for the tile's accumulation.
+template <size_t NR, class Tile, class Token, class Extra>
+HWY_INLINE void KeyTilesAvx2(const attn::Seg& s, size_t a, size_t b, size_t ahead, size_t vbytes,
+                             const float* qi, const float* koff, float* const* lg, const Tile& tile,
+                             const Token& token, const Extra& extra) {
+  const AF df;
+  const bool fol = Follows(s, b);
+  for (size_t t0 = a; t0 < b; t0 += kL) {
+    const size_t nt = std::min(kL, b - t0);
+    HWY_ALIGN float fac[16] = {};
+    tile(t0, nt, fac);
+    HWY_ALIGN AV parts[NR][kL];
+    for (size_t tt = 0; tt < kL; ++tt) {
+      if (tt >= nt) {
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
+        continue;
+      }
+      const size_t t = t0 + tt;
+      const uint8_t* row = s.k + t * s.k_stride;
+      hwy::Prefetch(fol ? AheadK(s, t + ahead) : row + ahead * s.k_stride);
+      const uint8_t* vrow = s.v + t * s.v_stride;
+      for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
+      __m256i acc[NR];
+      token(t, tt, fac, acc);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) parts[r][tt] = AV{_mm256_cvtepi32_ps(acc[r])};
+    }
+    const AV fv = hn::Load(df, fac);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      HWY_ALIGN float sums[kL];
+      const AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
+      hn::Store(hn::Add(tot, extra(r)), df, sums);
+      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
+    }
+  }
+}
+
 template <int BITS, size_t NR>
 HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                                const float* koff, float* const* lg, AScratch& scr) {
-  const AF df;
   const attn::Task& task = *ctx.task;
   const CodecPlan& plan = *ctx.kc->groups[0].plan;
   const I16Book& z = ctx.i16;
@@ -3525,70 +3567,50 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
     const attn::Seg& s = *sp[pi].s;
     const size_t a = sp[pi].a, b = sp[pi].b;
     const bool klead = MetaAfterCodes(s.k, s.km, s.km_stride);
-    const bool fol = Follows(s, b);
-    for (size_t t0 = a; t0 < b; t0 += kL) {
-      const size_t nt = std::min(kL, b - t0);
-      HWY_ALIGN float sc[16] = {};
-      Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, sc, klead);
-      HWY_ALIGN AV parts[NR][kL];
-      for (size_t tt = 0; tt < kL; ++tt) {
-        if (tt >= nt) {
+    float* lgo[NR];  // the part's logits
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) lgo[r] = lg[r] + off;
+    // Key rows of 34-66 bytes: prefetched kTokAhead rows ahead.
+    KeyTilesAvx2<NR>(
+        s, a, b, kTokAhead, vbytes, qi, koff, lgo,
+        [&](size_t t0, size_t nt, float* fac) __attribute__((always_inline)) {
+          Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, fac, klead);
+        },
+        [&](size_t t, size_t, float*, __m256i* acc) __attribute__((always_inline)) {
+          const uint8_t* row = s.k + t * s.k_stride;
           HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
-          continue;
-        }
-        const size_t t = t0 + tt;
-        const uint8_t* row = s.k + t * s.k_stride;
-        // Prefetch hints: the key row kTokAhead tokens ahead (rows of
-        // 34-66 bytes), and this token's value row, read after the tile's
-        // softmax.
-        hwy::Prefetch(fol ? AheadK(s, t + kTokAhead) : row + kTokAhead * s.k_stride);
-        const uint8_t* vrow = s.v + t * s.v_stride;
-        for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
-        __m256i acc[NR];
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
-        if constexpr (BITS == 4) {
-          HWY_UNROLL(2)
-          for (size_t c = 0; c < 2; ++c) {
-            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c));
-            __m256i c0, c1, c2, c3;
-            CentAvx2(tlo, thi, _mm256_and_si256(x, m4), &c0, &c1);
-            CentAvx2(tlo, thi, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4), &c2, &c3);
-            const size_t o = 4 * c * kN16;
+          for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
+          if constexpr (BITS == 4) {
+            HWY_UNROLL(2)
+            for (size_t c = 0; c < 2; ++c) {
+              const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c));
+              __m256i c0, c1, c2, c3;
+              CentAvx2(tlo, thi, _mm256_and_si256(x, m4), &c0, &c1);
+              CentAvx2(tlo, thi, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4), &c2, &c3);
+              const size_t o = 4 * c * kN16;
+              HWY_UNROLL(4)
+              for (size_t r = 0; r < NR; ++r) {
+                acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
+                acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
+                acc[r] = MaddAvx2(acc[r], c2, q[r] + o + 2 * kN16);
+                acc[r] = MaddAvx2(acc[r], c3, q[r] + o + 3 * kN16);
+              }
+            }
+          } else {
             HWY_UNROLL(4)
-            for (size_t r = 0; r < NR; ++r) {
-              acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
-              acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
-              acc[r] = MaddAvx2(acc[r], c2, q[r] + o + 2 * kN16);
-              acc[r] = MaddAvx2(acc[r], c3, q[r] + o + 3 * kN16);
+            for (size_t c = 0; c < 4; ++c) {
+              __m256i c0, c1;
+              CentAvx2(tlo, thi, IdxAvx2<BITS>(row, c, tb), &c0, &c1);
+              const size_t o = 2 * c * kN16;
+              HWY_UNROLL(4)
+              for (size_t r = 0; r < NR; ++r) {
+                acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
+                acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
+              }
             }
           }
-        } else {
-          HWY_UNROLL(4)
-          for (size_t c = 0; c < 4; ++c) {
-            __m256i c0, c1;
-            CentAvx2(tlo, thi, IdxAvx2<BITS>(row, c, tb), &c0, &c1);
-            const size_t o = 2 * c * kN16;
-            HWY_UNROLL(4)
-            for (size_t r = 0; r < NR; ++r) {
-              acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
-              acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
-            }
-          }
-        }
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) parts[r][tt] = AV{_mm256_cvtepi32_ps(acc[r])};
-      }
-      const AV scv = hn::Load(df, sc);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) {
-        HWY_ALIGN float sums[kL];
-        hn::Store(hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]), hn::Set(df, koff[r])),
-                  df, sums);
-        for (size_t tt = 0; tt < nt; ++tt) lg[r][off + t0 - a + tt] = sums[tt];
-      }
-    }
+        },
+        [](size_t) __attribute__((always_inline)) { return hn::Zero(AF()); });
     off += b - a;
   }
 }
@@ -3666,114 +3688,97 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
   const __m256i ntab = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tab)));
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i sz_split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  const bool fol = Follows(s, b);
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
-  for (size_t t0 = a; t0 < b; t0 += kL) {
-    const size_t nt = std::min(kL, b - t0);
-    HWY_ALIGN float fac[kL] = {};
-    HWY_ALIGN float zc[4][kL] = {};  // int-asym: z_g + 8 s_g per token
-    HWY_ALIGN AV parts[NR][kL];
-    for (size_t tt = 0; tt < kL; ++tt) {
-      if (tt >= nt) {
+  HWY_ALIGN float zc[4][kL];  // int-asym: z_g + 2^(bits-1) s_g of the tile's tokens
+  KeyTilesAvx2<NR>(
+      s, a, b, kDenseAhead, vbytes, qi, koff, lg,
+      [&](size_t, size_t, float*) __attribute__((always_inline)) {
+        if constexpr (KIND >= 1) std::memset(zc, 0, sizeof(zc));
+      },
+      [&](size_t t, size_t tt, float* fac, __m256i* acc) __attribute__((always_inline)) {
+        const uint8_t* row = s.k + t * s.k_stride;
+        // The group scales (>= 0), their largest, the ratios.
+        const uint8_t* meta = s.km + t * s.km_stride;
+        __m128 sv;
+        if constexpr (KIND == 0) {
+          sv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta)));
+        } else {  // (scale, zero) pairs: scales to the low half, zeros to the high
+          const __m256 sz = _mm256_permutevar8x32_ps(
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta))), sz_split);
+          sv = _mm256_castps256_ps128(sz);
+          HWY_ALIGN float zv[4];
+          _mm_store_ps(zv, _mm_fmadd_ps(sv, _mm_set1_ps(KIND == 1 ? 8.0f : 2.0f), _mm256_extractf128_ps(sz, 1)));
+          for (size_t g = 0; g < 4; ++g) zc[g][tt] = zv[g];
+        }
+        __m128 mx = _mm_max_ps(sv, _mm_shuffle_ps(sv, sv, 0xB1));
+        mx = _mm_max_ps(mx, _mm_shuffle_ps(mx, mx, 0x4E));
+        const float m = _mm_cvtss_f32(mx);
+        fac[tt] = m * unit;
+        const __m128 inv = _mm_set1_ps(m > 0.0f ? 16383.0f / m : 0.0f);
+        const __m128i ri = _mm_cvtps_epi32(_mm_min_ps(_mm_mul_ps(sv, inv), c16383));
+        const __m256i rr = _mm256_broadcastsi128_si256(_mm_packs_epi32(ri, ri));
         HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) parts[r][tt] = hn::Zero(df);
-        continue;
-      }
-      const size_t t = t0 + tt;
-      const uint8_t* row = s.k + t * s.k_stride;
-      hwy::Prefetch(fol ? AheadK(s, t + kDenseAhead) : row + kDenseAhead * s.k_stride);
-      const uint8_t* vrow = s.v + t * s.v_stride;
-      for (size_t o = 0; o < vbytes; o += 64) hwy::Prefetch(vrow + o);
-      // The group scales (>= 0), their largest, the ratios.
-      const uint8_t* meta = s.km + t * s.km_stride;
-      __m128 sv;
-      if constexpr (KIND == 0) {
-        sv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta)));
-      } else {  // (scale, zero) pairs: scales to the low half, zeros to the high
-        const __m256 sz = _mm256_permutevar8x32_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta))), sz_split);
-        sv = _mm256_castps256_ps128(sz);
-        HWY_ALIGN float zv[4];
-        _mm_store_ps(zv, _mm_fmadd_ps(sv, _mm_set1_ps(KIND == 1 ? 8.0f : 2.0f), _mm256_extractf128_ps(sz, 1)));
-        for (size_t g = 0; g < 4; ++g) zc[g][tt] = zv[g];
-      }
-      __m128 mx = _mm_max_ps(sv, _mm_shuffle_ps(sv, sv, 0xB1));
-      mx = _mm_max_ps(mx, _mm_shuffle_ps(mx, mx, 0x4E));
-      const float m = _mm_cvtss_f32(mx);
-      fac[tt] = m * unit;
-      const __m128 inv = _mm_set1_ps(m > 0.0f ? 16383.0f / m : 0.0f);
-      const __m128i ri = _mm_cvtps_epi32(_mm_min_ps(_mm_mul_ps(sv, inv), c16383));
-      const __m256i rr = _mm256_broadcastsi128_si256(_mm_packs_epi32(ri, ri));
-      __m256i acc[NR];
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) acc[r] = zero;
-      if constexpr (KIND == 0) {
-        HWY_UNROLL(4)
-        for (size_t l = 0; l < 4; ++l) {
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
-          const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
-          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, x), rv);
-          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, x), rv);
+        for (size_t r = 0; r < NR; ++r) acc[r] = zero;
+        if constexpr (KIND == 0) {
           HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) {
-            acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
-            acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+          for (size_t l = 0; l < 4; ++l) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
+            const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
+            const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, x), rv);
+            const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, x), rv);
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) {
+              acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
+              acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+            }
+          }
+        } else if constexpr (KIND == 2) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+          const __m256i r0 = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[0])));
+          const __m256i r1 = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[1])));
+          HWY_UNROLL(4)
+          for (size_t k = 0; k < 4; ++k) {
+            // Code k of every byte (the table repeats every 4 entries: no mask
+            // for the bits above it beyond the nibble).
+            const __m256i pk = _mm256_shuffle_epi8(
+                ntab, _mm256_and_si256(_mm256_srli_epi16(x, static_cast<int>(2 * k)), m4));
+            const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, pk), r0);
+            const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, pk), r1);
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) {
+              acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * k * kN16);
+              acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * k + 1) * kN16);
+            }
+          }
+        } else {
+          HWY_UNROLL(2)
+          for (size_t l = 0; l < 2; ++l) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
+            const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
+            const __m256i p0 = _mm256_shuffle_epi8(ntab, _mm256_and_si256(x, m4));
+            const __m256i p1 = _mm256_shuffle_epi8(ntab, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+            const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, p0), rv);
+            const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p0), rv);
+            const __m256i k2 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, p1), rv);
+            const __m256i k3 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p1), rv);
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) {
+              acc[r] = MaddAvx2(acc[r], k0, q[r] + 4 * l * kN16);
+              acc[r] = MaddAvx2(acc[r], k1, q[r] + (4 * l + 1) * kN16);
+              acc[r] = MaddAvx2(acc[r], k2, q[r] + (4 * l + 2) * kN16);
+              acc[r] = MaddAvx2(acc[r], k3, q[r] + (4 * l + 3) * kN16);
+            }
           }
         }
-      } else if constexpr (KIND == 2) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-        const __m256i r0 = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[0])));
-        const __m256i r1 = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[1])));
-        HWY_UNROLL(4)
-        for (size_t k = 0; k < 4; ++k) {
-          // Code k of every byte (the table repeats every 4 entries: no mask
-          // for the bits above it beyond the nibble).
-          const __m256i pk = _mm256_shuffle_epi8(
-              ntab, _mm256_and_si256(_mm256_srli_epi16(x, static_cast<int>(2 * k)), m4));
-          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, pk), r0);
-          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, pk), r1);
-          HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) {
-            acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * k * kN16);
-            acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * k + 1) * kN16);
-          }
+      },
+      [&](size_t r) __attribute__((always_inline)) {
+        AV z = hn::Zero(df);
+        if constexpr (KIND >= 1) {
+          const float* qg = rs[r]->qgs;
+          for (size_t g = 0; g < 4; ++g) z = hn::MulAdd(hn::Load(df, zc[g]), hn::Set(df, qg[g]), z);
         }
-      } else {
-        HWY_UNROLL(2)
-        for (size_t l = 0; l < 2; ++l) {
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * l));
-          const __m256i rv = _mm256_shuffle_epi8(rr, _mm256_load_si256(reinterpret_cast<const __m256i*>(ctl[l])));
-          const __m256i p0 = _mm256_shuffle_epi8(ntab, _mm256_and_si256(x, m4));
-          const __m256i p1 = _mm256_shuffle_epi8(ntab, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
-          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, p0), rv);
-          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p0), rv);
-          const __m256i k2 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(zero, p1), rv);
-          const __m256i k3 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p1), rv);
-          HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) {
-            acc[r] = MaddAvx2(acc[r], k0, q[r] + 4 * l * kN16);
-            acc[r] = MaddAvx2(acc[r], k1, q[r] + (4 * l + 1) * kN16);
-            acc[r] = MaddAvx2(acc[r], k2, q[r] + (4 * l + 2) * kN16);
-            acc[r] = MaddAvx2(acc[r], k3, q[r] + (4 * l + 3) * kN16);
-          }
-        }
-      }
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) parts[r][tt] = AV{_mm256_cvtepi32_ps(acc[r])};
-    }
-    const AV fv = hn::Load(df, fac);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float sums[kL];
-      AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
-      if constexpr (KIND >= 1) {
-        const float* qg = rs[r]->qgs;
-        for (size_t g = 0; g < 4; ++g) tot = hn::MulAdd(hn::Load(df, zc[g]), hn::Set(df, qg[g]), tot);
-      }
-      hn::Store(tot, df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
-    }
-  }
+        return z;
+      });
 }
 
 // AccumMse16's passes for BITS-bit values at head_dim 128 (rows: the tile's
