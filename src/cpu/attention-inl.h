@@ -980,6 +980,27 @@ HWY_INLINE void LaneMap(size_t nvec, size_t per, size_t d, Coord coord, Pos pos,
 // position k * (d / 8) + i holds coordinate 8 i + k.
 HWY_INLINE size_t FastPos(size_t x, size_t d) { return (x % 8) * (d / 8) + x / 8; }
 
+// AVX2 tables of a chunk of 32 bits-bit codes (IdxChunkAvx2, IdxAvx2):
+// perm[32 v + 2 lane + {0, 1}], the two window bytes holding the code of
+// int16 lane `lane` of vector v (v 0: coordinates 0..7 and 16..23, v 1:
+// 8..15 and 24..31), `shift` added where the chunk's window starts that
+// many bytes early, and 0x80 (a zero byte) for a second byte at or past
+// `limit` (the multiply shifts it out anyway); mul[16 v + lane] = 2^(16 -
+// bits - o), o the code's bit offset in its first byte.
+inline void Avx2ChunkShuffles(size_t bits, size_t shift, size_t limit, uint8_t* perm, int16_t* mul) {
+  for (size_t v = 0; v < 2; ++v) {
+    for (size_t blk = 0; blk < 2; ++blk) {
+      for (size_t i = 0; i < 8; ++i) {
+        const size_t k = 16 * blk + 8 * v + i, bit = bits * k, lane = 8 * blk + i;
+        const size_t b0 = bit / 8, b1 = b0 + 1;
+        perm[32 * v + 2 * lane] = static_cast<uint8_t>(b0 + shift);
+        perm[32 * v + 2 * lane + 1] = b1 < limit ? static_cast<uint8_t>(b1 + shift) : uint8_t{0x80};
+        mul[16 * v + lane] = static_cast<int16_t>(1 << (16 - bits - bit % 8));
+      }
+    }
+  }
+}
+
 // The integer kernels apply to TurboQuant-MSE keys or values of 2..4 bits
 // with one rotation block (int16 centroids), and to int-asym values of 2..4
 // bits with one group a row (u * scale + zero: the "centroids" are the
@@ -1063,19 +1084,8 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     // a shift by 16 - bits leaves it; packus of A and B gives the 32 index
     // bytes in coordinate order.
     z->inreg = true;
-    const size_t bb = static_cast<size_t>(bits);
     int16_t mul[32];
-    for (size_t v = 0; v < 2; ++v) {
-      for (size_t blk = 0; blk < 2; ++blk) {
-        for (size_t i = 0; i < 8; ++i) {
-          const size_t k = 16 * blk + 8 * v + i, bit = bb * k;
-          const size_t lane = 8 * blk + i;  // int16 lane of the vector
-          z->perm[32 * v + 2 * lane] = static_cast<uint8_t>(bit / 8);
-          z->perm[32 * v + 2 * lane + 1] = static_cast<uint8_t>(bit / 8 + 1);
-          mul[16 * v + lane] = static_cast<int16_t>(1 << (16 - bb - bit % 8));
-        }
-      }
-    }
+    Avx2ChunkShuffles(static_cast<size_t>(bits), 0, SIZE_MAX, z->perm, mul);
     std::memcpy(z->ctrl, mul, sizeof(mul));
     z->extent = z->nbytes;  // the last chunk is read by a masked load
   }
@@ -2266,12 +2276,11 @@ constexpr int kAsymWmax = 32767;
 // against the bound B = max_t w_t x max_t |s_tg| (fac[r][g] = B / wmax;
 // wmax = kAsymWmax), and zsum[r][g] = sum_t w_t z_tg (the zeros' share);
 // sg and zg hold the tile's scales and zeros a group (zeroed here past n,
-// to kTile + kL). One max
-// a row and one a group, not one a (row, group) pair as TileWeights16
-// takes (that pass was a sixth of AccumAsymG32's work at 4 rows and 4
-// groups): the products lose only the bits by which the tile's largest
-// weight and largest scale miss each other, and a group's scales vary
-// little between tokens.
+// to kTile + kL). One max a row and one a group, not one a (row, group)
+// pair as TileWeights16 takes (that pass was a sixth of AccumAsymG32's work
+// at 4 rows and 4 groups): the products lose only the bits by which the
+// tile's largest weight and largest scale miss each other, and a group's
+// scales vary little between tokens.
 template <size_t NR>
 HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, size_t ng,
                                float (*sg)[kTile + kL], float (*zg)[kTile + kL],
@@ -2354,12 +2363,14 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
       for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
       for (size_t p = 0; p < npairs; ++p) {
         if (g == 0 && h == 0) {
-          // The next tile's rows and scales.
-          hwy::Prefetch(AheadV(s, a + kTile + 2 * p));
-          hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1));
+          // The next tile's rows (128 bytes at 8 bits) and scales.
+          const uint8_t* fa = AheadV(s, a + kTile + 2 * p);
+          const uint8_t* fb = AheadV(s, a + kTile + 2 * p + 1);
+          hwy::Prefetch(fa);
+          hwy::Prefetch(fb);
           if constexpr (BITS == 8) {
-            hwy::Prefetch(AheadV(s, a + kTile + 2 * p) + 64);
-            hwy::Prefetch(AheadV(s, a + kTile + 2 * p + 1) + 64);
+            hwy::Prefetch(fa + 64);
+            hwy::Prefetch(fb + 64);
           }
           hwy::Prefetch(AheadVm(s, a + kTile + 2 * p));
           hwy::Prefetch(AheadVm(s, a + kTile + 2 * p + 1));
@@ -3452,9 +3463,8 @@ struct Avx2Chunks {
   // Start of chunk c's 16-byte window: its own first byte, or for a chunk
   // whose window would pass the row's end, the row's last 16 bytes.
   static constexpr size_t Win(size_t c) { return kCB * c + 16 <= kBytes ? kCB * c : kBytes - 16; }
-  // Per chunk, the byte shuffles of IdxChunkAvx2's vectors A and B (offset
-  // by the window's shift; 0x80, a zero byte, for a second byte past the
-  // chunk, which the multiply shifts out anyway), and their multipliers.
+  // Per chunk, the byte shuffles of its vectors A and B (Avx2ChunkShuffles,
+  // offset by the window's shift, limited to the chunk), and their multipliers.
   HWY_ALIGN uint8_t perm[4][2][32];
   HWY_ALIGN int16_t mul[2][16];
 };
@@ -3464,18 +3474,7 @@ const Avx2Chunks<BITS>& Avx2ChunkTables() {
     using C = Avx2Chunks<BITS>;
     C r{};
     for (size_t c = 0; c < 4; ++c) {
-      const size_t shift = C::kCB * c - C::Win(c);
-      for (size_t v = 0; v < 2; ++v) {
-        for (size_t blk = 0; blk < 2; ++blk) {
-          for (size_t i = 0; i < 8; ++i) {
-            const size_t k = 16 * blk + 8 * v + i, bit = BITS * k, lane = 8 * blk + i;
-            const size_t b0 = bit / 8, b1 = b0 + 1;
-            r.perm[c][v][2 * lane] = static_cast<uint8_t>(b0 + shift);
-            r.perm[c][v][2 * lane + 1] = b1 < C::kCB ? static_cast<uint8_t>(b1 + shift) : uint8_t{0x80};
-            r.mul[v][lane] = static_cast<int16_t>(1 << (16 - BITS - bit % 8));
-          }
-        }
-      }
+      Avx2ChunkShuffles(BITS, C::kCB * c - C::Win(c), C::kCB, &r.perm[c][0][0], &r.mul[0][0]);
     }
     return r;
   }();
