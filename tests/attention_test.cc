@@ -41,9 +41,10 @@ constexpr double kMaxNmse = 1e-6;
 // The presets the acceptance criteria name, one or more of every row format
 // (TurboQuant-MSE at 2/3/4 bits, mixed widths, int8 keys, dense, KIVI
 // group-integer, q8, TurboQuant-prod keys, outlier split, vLLM row-int values).
-const std::vector<std::string> kCorePresets = {"k4_v4", "k3_v3", "k2_v2",  "k4_v3",
-                                               "k8_v4", "k16_v16", "kivi4", "q8",
-                                               "kp4_v4", "turboquant35", "turboquant_4bit_nc"};
+const std::vector<std::string> kCorePresets = {"k4_v4",        "k3_v3",       "k2_v2",  "k4_v3",
+                                               "k8_v4",        "k16_v16",     "kivi4",  "q8",
+                                               "kp4_v4",       "turboquant35", "turboquant25",
+                                               "turboquant_4bit_nc"};
 
 // Largest NMSE seen and how many comparisons ran (printed at the end).
 double g_worst_nmse = 0;
@@ -436,10 +437,12 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
         EXPECT_EQ(int16, tname != "SCALAR") << preset << ": report.kernel '" << rep.kernel << "'";
       }
       // Group-integer keys and values (int8-sym, int-asym with groups of 32)
-      // take the integer kernels on AVX3_DL where AVX-512 VNNI is present,
-      // and on AVX2 at head_dim 128 (this test's).
+      // and the outlier-split recipes take the integer kernels on AVX3_DL
+      // where AVX-512 VNNI is present, and on AVX2 at head_dim 128 (this
+      // test's).
 #if defined(__x86_64__)
-      if ((preset == "k8_v4" || preset == "q8" || preset == "kivi4") &&
+      if ((preset == "k8_v4" || preset == "q8" || preset == "kivi4" || preset == "turboquant35" ||
+           preset == "turboquant25") &&
           ((tname == "AVX3_DL" && __builtin_cpu_supports("avx512vnni")) || tname == "AVX2")) {
         EXPECT_NE(rep.kernel.find(" int16 keys+values"), std::string::npos)
             << preset << ": report.kernel '" << rep.kernel << "'";

@@ -337,19 +337,33 @@ struct GKeys {
 };
 
 // Split keys (turboquant25/35) as int16 dot products on AVX3_DL with VNNI
-// (ScoreSplit16): the layout of one split row for the kernel, built per
-// task (see MakeSplitKeys).
+// (ScoreSplit16) and on AVX2 at head_dim 128 (ScoreSplitAvx2): the layout
+// of one split row for the kernel, built per task (BuildSplitKeys,
+// BuildSplitKeysAvx2).
 struct SplitKeys {
   bool on = false;
-  size_t ne = 0;    // expansions: two 32-coordinate MSE pieces each
+  size_t ne = 0;    // AVX3_DL expansions: two 32-coordinate MSE pieces each
+  size_t np = 0;    // MSE pieces of 32 coordinates
   size_t nq = 0;    // QJL pieces of 32 signs
   size_t nq0 = 0;   // ... of the regular group (the first ones)
-  size_t nl = 0;    // 64-byte loads a row (1 or 2)
-  size_t nv = 0;    // int16 query vectors a row: 2 ne + nq
+  size_t nl = 0;    // AVX3_DL: 64-byte loads a row (1 or 2)
+  size_t nv = 0;    // int16 query vectors a row (AVX3_DL: 2 ne + nq; AVX2: 2 np + 2 nq)
+  size_t lanes = 0; // int16 lanes a vector (32 or 16)
   size_t nm = 0;    // MSE scale terms (rotation blocks); QJL terms follow
   size_t rowbytes = 0;
   long qmax = 0;
   float lambda[2] = {1.0f, 1.0f};  // sketch weight in the extended query, per group
+  uint16_t tbyte[8] = {};          // row byte of each term's fp16 value
+  // AVX2, per MSE piece: the row byte its 16-byte window starts at, its
+  // shift count (16 - bits), scale term, chunk shuffles and multipliers
+  // (Avx2ChunkShuffles), and int16 centroids' low and high bytes.
+  uint16_t win[8] = {};
+  uint8_t pterm[8] = {};
+  HWY_ALIGN uint64_t pcnt[8][2] = {};
+  HWY_ALIGN uint8_t pperm[8][2][32];
+  HWY_ALIGN int16_t pmul[8][2][16];
+  HWY_ALIGN uint8_t ptlo[8][32];
+  HWY_ALIGN uint8_t pthi[8][32];
   HWY_ALIGN uint8_t perm[4][64];   // row bytes of each piece's 8 qwords
   HWY_ALIGN uint8_t ctrl[4][64];   // bit offset of each code in its qword
   HWY_ALIGN uint8_t mask[4][64];   // 2^bits - 1 per lane
@@ -384,8 +398,17 @@ struct SplitVals {
   HWY_ALIGN uint8_t tperm[64];    // vpermi2b: the two rows' scale bytes (token a at 0, b at 16)
   uint64_t tmask = 0;
   float cs[4] = {};               // int16 units per centroid unit, per term
+  uint16_t tbyte[4] = {};         // per term: row byte of its fp16 scale
   size_t term[4] = {};            // per piece
   size_t out[4] = {};             // per piece: offset in the rotated accumulator
+  // AVX2 (AccumSplitAvx2), per piece: as SplitKeys' win, pcnt, pperm,
+  // pmul, ptlo, pthi.
+  uint16_t win[4] = {};
+  HWY_ALIGN uint64_t pcnt[4][2] = {};
+  HWY_ALIGN uint8_t pperm[4][2][32];
+  HWY_ALIGN int16_t pmul[4][2][16];
+  HWY_ALIGN uint8_t ptlo[4][32];
+  HWY_ALIGN uint8_t pthi[4][32];
 };
 
 // Rows [a, b) of a segment (a and b counted from its first row).
@@ -2913,7 +2936,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
 
 #endif
 
-#if HWY_TARGET == HWY_AVX3_DL
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
 // Split keys (turboquant25/35: a regular and an outlier group, each a prod
 // code: (b-1)-bit MSE indices over rotation blocks with one fp16 scale each,
 // then QJL sign bits with a residual norm) as int16 dot products. The MSE
@@ -2927,10 +2950,8 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
 // The query side is one int16 vector per row: the rotated query followed by
 // the QJL sketch times lambda (per group, chosen per task so both halves
 // use the int16 range), so the sign term sum_k sk_k sign_k is a plain
-// product. Two pieces expand together: one byte permute gathers each
-// piece's code bytes into 8 qwords (8 codes each), vpmultishiftqb picks
-// the codes, a ternary-logic op masks them and adds the piece's table
-// offset, and two vpermb give the centroids' low and high bytes.
+// product. The two targets differ in how a piece's codes are expanded
+// (ScoreSplit16 on AVX3_DL, ScoreSplitAvx2 on AVX2).
 // A split group's rotation block usable by the int16 split kernels (sizes
 // and offsets in whole 32-coordinate pieces): the largest |centroid| of its
 // codebook, or 0 when it does not qualify.
@@ -2941,21 +2962,22 @@ inline float SplitBlockCmax(const BlockPlan& bp, int bits) {
   return cm > 0.0f && std::isfinite(cm) ? cm : 0.0f;
 }
 
-inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
-  k->on = false;
-  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d % 64 != 0 || d > 256 ||
-      !CpuHasVnni()) {
-    return false;
-  }
-  struct Piece {
-    size_t byte;   // first code byte in the split row
-    int bits;
-    size_t term;   // its block's scale term
-    size_t xbase;  // extended query index of its first coordinate
-    const float* cent;
-    float cs;      // int16 units per centroid unit
-  };
-  Piece pcs[8];
+// An MSE piece of a split key row: 32 coordinates of one rotation block.
+struct SplitPiece {
+  size_t byte;   // first code byte in the split row
+  int bits;
+  size_t term;   // its block's scale term
+  size_t xbase;  // extended query index of its first coordinate
+  const float* cent;
+  float cs;      // int16 units per centroid unit
+};
+// The shape of a split key row shared by the targets' builders: its MSE
+// pieces (returned in pcs[0..*np)), and into k its QJL pieces, scale terms
+// (term bytes, multipliers and ratio targets: the nm block scales, then +V
+// of each group, then -V of each group), row bytes and the QJL pieces'
+// query lanes (32 np + 32 q + i: the same on both targets). False: not a
+// shape the int16 split kernels take.
+inline bool SplitKeyShape(const attn::Comp* c, size_t d, SplitPiece* pcs, size_t* np_out, SplitKeys* k) {
   size_t np = 0, nm = 0, nq = 0, rowbytes = 0;
   size_t term_byte[8] = {};
   float term_mul[8] = {};
@@ -2988,12 +3010,10 @@ inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
       ++nq;
     }
   }
-  if (np % 2 != 0 || np == 0 || rowbytes > 128) return false;
-  k->ne = np / 2;
+  if (np == 0) return false;
+  *np_out = np;
   k->nq = nq;
   k->nq0 = c->groups[0].plan->qjl_dim / 32;
-  k->nl = rowbytes > 64 ? 2 : 1;
-  k->nv = 2 * k->ne + nq;
   k->nm = nm;
   k->rowbytes = rowbytes;
   // QJL terms: +V of group g at nm + g, -V at nm + 2 + g.
@@ -3001,69 +3021,20 @@ inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
     const attn::Group& gr = c->groups[g];
     term_byte[nm + g] = term_byte[nm + 2 + g] = gr.row_offset + gr.plan->resid_offset;
   }
-  std::memset(k->tperm, 0, sizeof(k->tperm));
-  k->tmask = 0;
   for (size_t t = 0; t < 16; ++t) {
     k->tmul[t] = t < nm ? term_mul[t] : 0.0f;  // QJL multipliers: PrepareSplitKeys (lambda)
     k->tgt[t] = t < nm ? 16383.5f : t < nm + 2 ? 8191.0f : t < nm + 4 ? -8191.0f : 0.0f;
-    if (t < nm + 4) {
-      k->tperm[2 * t] = static_cast<uint8_t>(term_byte[t]);
-      k->tperm[2 * t + 1] = static_cast<uint8_t>(term_byte[t] + 1);
-      k->tmask |= uint64_t{3} << (2 * t);
-    }
-  }
-  for (size_t e = 0; e < k->ne; ++e) {
-    std::memset(k->tlo[e], 0, 64);
-    std::memset(k->thi[e], 0, 64);
-    for (size_t sl = 0; sl < 2; ++sl) {
-      const Piece& p = pcs[2 * e + sl];
-      const size_t bb = static_cast<size_t>(p.bits);
-      for (size_t i = 0; i < 4; ++i) {
-        for (size_t kk = 0; kk < 8; ++kk) {
-          const size_t bi = 8 * (4 * sl + i) + kk;
-          k->perm[e][bi] = static_cast<uint8_t>(p.byte + bb * i + std::min(kk, bb - 1));
-          k->ctrl[e][bi] = static_cast<uint8_t>(bb * kk);
-          k->mask[e][bi] = static_cast<uint8_t>((1u << bb) - 1);
-          k->off[e][bi] = static_cast<uint8_t>(16 * sl);
-        }
-      }
-      for (size_t v = 0; v < (size_t{1} << bb); ++v) {
-        const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(p.cent[v] * p.cs)));
-        k->tlo[e][16 * sl + v] = static_cast<uint8_t>(u & 0xFF);
-        k->thi[e][16 * sl + v] = static_cast<uint8_t>(u >> 8);
-      }
-    }
-    for (size_t blk = 0; blk < 4; ++blk) {
-      const size_t term = pcs[2 * e + blk / 2].term;
-      for (size_t i = 0; i < 16; ++i) k->rsel[e][16 * blk + i] = static_cast<uint8_t>(2 * term + i % 2);
-    }
-    // Query lanes: v = 2 e + h, lane L: block L / 8 -> piece slot (L / 8) / 2.
-    for (size_t h = 0; h < 2; ++h) {
-      for (size_t L = 0; L < 32; ++L) {
-        const size_t blk = L / 8, m = L % 8;
-        k->xmap[(2 * e + h) * 32 + L] =
-            static_cast<uint16_t>(pcs[2 * e + blk / 2].xbase + 16 * (blk % 2) + 8 * h + m);
-      }
-    }
+    // Past the terms: term 0's bytes (read, times a zero multiplier).
+    if (t < 8) k->tbyte[t] = static_cast<uint16_t>(term_byte[t < nm + 4 ? t : 0]);
   }
   for (size_t q = 0; q < nq; ++q) {
     const attn::Group& gr = c->groups[k->sgroup[q]];
     // The piece's index within its group, from its sign bytes.
     const size_t kk = (k->sbyte[q] - gr.row_offset - gr.plan->sign_offset) / 4;
     for (size_t L = 0; L < 32; ++L) {
-      k->xmap[(2 * k->ne + q) * 32 + L] = static_cast<uint16_t>(d + gr.sketch_offset + 32 * kk + L);
+      k->xmap[32 * np + 32 * q + L] = static_cast<uint16_t>(d + gr.sketch_offset + 32 * kk + L);
     }
   }
-  for (int g = 0; g < 2; ++g) {
-    for (size_t i = 0; i < 64; ++i) {
-      k->vsel[2 * g][i] = static_cast<uint8_t>(2 * (nm + g) + i % 2);
-      k->vsel[2 * g + 1][i] = static_cast<uint8_t>(2 * (nm + 2 + g) + i % 2);
-    }
-  }
-  // An int32 lane sums 2 nv products of |k16| <= 8192, and Sum16 adds two
-  // lanes of a token in int32.
-  k->qmax = std::min<long>(16383, 2147483647L / (4L * static_cast<long>(k->nv) * 8192L));
-  k->on = true;
   return true;
 }
 
@@ -3078,13 +3049,14 @@ HWY_INLINE float MaxAbsOf(const float* p, size_t n) {
   return mx;
 }
 
-// The extended int16 queries of every task row, and the QJL terms'
-// multipliers (lambda is chosen here, from the task's queries). Vector
-// loops and one gather a 16 lanes (scalar loops had been 12% of the samples
-// of a 64-token turboquant35 decode); the values are the scalar form's:
-// rounding is monotone, so max_j |fl(v_j lambda)| = |fl(lambda max_j |v_j|)|.
+// The extended int16 queries of every task row (k->nv vectors of k->lanes
+// int16), and the QJL terms' multipliers (lambda is chosen here, from the
+// task's queries). Vector loops and one gather a vector (scalar loops had
+// been 12% of the samples of a 64-token turboquant35 decode); the values
+// are the scalar form's: rounding is monotone, so max_j |fl(v_j lambda)| =
+// |fl(lambda max_j |v_j|)|.
 inline void PrepareSplitKeys(const attn::Task& task, const attn::Comp& c, SplitKeys* k, AScratch& scr) {
-  const size_t d = task.d, len = k->nv * 32;
+  const size_t d = task.d, len = k->nv * k->lanes;
   size_t msk = 0;
   for (int g = 0; g < 2; ++g) msk += c.groups[g].plan->qjl_dim;
   float qmx[2] = {0.0f, 0.0f}, smx[2] = {0.0f, 0.0f};
@@ -3138,14 +3110,97 @@ inline void PrepareSplitKeys(const attn::Task& task, const attn::Comp& c, SplitK
     }
     if (!(mx > 0.0f)) continue;  // zero query: every score is koff
     const float qs = static_cast<float>(k->qmax) / mx;
+#if HWY_TARGET == HWY_AVX3_DL
     const __m512 vqs = _mm512_set1_ps(qs);
     for (size_t i = 0; i < len; i += 16) {
       const __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k->xmap + i)));
       _mm512_storeu_ps(f + i, _mm512_mul_ps(_mm512_i32gather_ps(idx, x, 4), vqs));
     }
+#else
+    const __m256 vqs = _mm256_set1_ps(qs);
+    for (size_t i = 0; i < len; i += 8) {
+      const __m256i idx = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k->xmap + i)));
+      _mm256_storeu_ps(f + i, _mm256_mul_ps(_mm256_i32gather_ps(x, idx, 4), vqs));
+    }
+#endif
     RoundToI16(f, len, scr.qs16x.data() + r * len);
     scr.qs16inv[r] = 1.0f / qs;
   }
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
+
+#if HWY_TARGET == HWY_AVX3_DL
+// AVX3_DL: two pieces expand together: one byte permute gathers each
+// piece's code bytes into 8 qwords (8 codes each), vpmultishiftqb picks
+// the codes, a ternary-logic op masks them and adds the piece's table
+// offset, and two vpermb give the centroids' low and high bytes.
+inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
+  k->on = false;
+  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d % 64 != 0 || d > 256 ||
+      !CpuHasVnni()) {
+    return false;
+  }
+  SplitPiece pcs[8];
+  size_t np = 0;
+  if (!SplitKeyShape(c, d, pcs, &np, k)) return false;
+  if (np % 2 != 0 || k->rowbytes > 128) return false;
+  const size_t nm = k->nm, nq = k->nq;
+  k->ne = np / 2;
+  k->lanes = 32;
+  k->nl = k->rowbytes > 64 ? 2 : 1;
+  k->nv = 2 * k->ne + nq;
+  std::memset(k->tperm, 0, sizeof(k->tperm));
+  k->tmask = 0;
+  for (size_t t = 0; t < nm + 4; ++t) {
+    k->tperm[2 * t] = static_cast<uint8_t>(k->tbyte[t]);
+    k->tperm[2 * t + 1] = static_cast<uint8_t>(k->tbyte[t] + 1);
+    k->tmask |= uint64_t{3} << (2 * t);
+  }
+  for (size_t e = 0; e < k->ne; ++e) {
+    std::memset(k->tlo[e], 0, 64);
+    std::memset(k->thi[e], 0, 64);
+    for (size_t sl = 0; sl < 2; ++sl) {
+      const SplitPiece& p = pcs[2 * e + sl];
+      const size_t bb = static_cast<size_t>(p.bits);
+      for (size_t i = 0; i < 4; ++i) {
+        for (size_t kk = 0; kk < 8; ++kk) {
+          const size_t bi = 8 * (4 * sl + i) + kk;
+          k->perm[e][bi] = static_cast<uint8_t>(p.byte + bb * i + std::min(kk, bb - 1));
+          k->ctrl[e][bi] = static_cast<uint8_t>(bb * kk);
+          k->mask[e][bi] = static_cast<uint8_t>((1u << bb) - 1);
+          k->off[e][bi] = static_cast<uint8_t>(16 * sl);
+        }
+      }
+      for (size_t v = 0; v < (size_t{1} << bb); ++v) {
+        const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(p.cent[v] * p.cs)));
+        k->tlo[e][16 * sl + v] = static_cast<uint8_t>(u & 0xFF);
+        k->thi[e][16 * sl + v] = static_cast<uint8_t>(u >> 8);
+      }
+    }
+    for (size_t blk = 0; blk < 4; ++blk) {
+      const size_t term = pcs[2 * e + blk / 2].term;
+      for (size_t i = 0; i < 16; ++i) k->rsel[e][16 * blk + i] = static_cast<uint8_t>(2 * term + i % 2);
+    }
+    // Query lanes: v = 2 e + h, lane L: block L / 8 -> piece slot (L / 8) / 2.
+    for (size_t h = 0; h < 2; ++h) {
+      for (size_t L = 0; L < 32; ++L) {
+        const size_t blk = L / 8, m = L % 8;
+        k->xmap[(2 * e + h) * 32 + L] =
+            static_cast<uint16_t>(pcs[2 * e + blk / 2].xbase + 16 * (blk % 2) + 8 * h + m);
+      }
+    }
+  }
+  for (int g = 0; g < 2; ++g) {
+    for (size_t i = 0; i < 64; ++i) {
+      k->vsel[2 * g][i] = static_cast<uint8_t>(2 * (nm + g) + i % 2);
+      k->vsel[2 * g + 1][i] = static_cast<uint8_t>(2 * (nm + 2 + g) + i % 2);
+    }
+  }
+  // An int32 lane sums 2 nv products of |k16| <= 8192, and Sum16 adds two
+  // lanes of a token in int32.
+  k->qmax = std::min<long>(16383, 2147483647L / (4L * static_cast<long>(k->nv) * 8192L));
+  k->on = true;
+  return true;
 }
 
 template <size_t NE, size_t NQ0, size_t NQ1, size_t NL, size_t NR>
@@ -3271,75 +3326,100 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
 }
 #endif
 
-#if HWY_TARGET == HWY_AVX3_DL
-// Split values as int16 dot products (see SplitVals): per pair of tokens and
-// piece, one two-source byte permute puts the code bytes of 4 coordinates
-// of each token in every qword, vpmultishiftqb interleaves the two tokens'
-// codes (byte 2k: token a's code k, 2k + 1: token b's), a ternary-logic op
-// masks them and adds the piece's table offset, and two vpermb give the
-// int16 centroids (12 bits) as (a, b) pairs; each int32 lane then sums
-// c_a u_a + c_b u_b, u = weight x block scale rounded to 13 bits against
-// the tile's largest per (row, block), as in AccumMse16. Two pieces a pass.
-inline bool BuildSplitVals(const attn::Comp* c, size_t d, SplitVals* v) {
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
+// Split values (two TurboQuant-MSE groups of 2..4 bits at head_dim 128, in
+// 4 pieces of 32 coordinates) as int16 dot products: per pair of tokens and
+// piece, the two tokens' int16 centroids (12 bits) as (a, b) pairs, each
+// int32 lane summing c_a u_a + c_b u_b, u = weight x block scale rounded
+// to 13 bits against the tile's largest per (row, block), as in AccumMse16.
+// The shape shared by the targets' builders: v's terms (scale bytes, int16
+// units per centroid unit), pieces' terms and output offsets and row bytes;
+// pcs[p] = {first code byte, bits, centroids}. False: not a shape the
+// kernels take.
+struct SplitValPiece {
+  size_t byte;
+  size_t bits;
+  const float* cent;
+};
+inline bool SplitValShape(const attn::Comp* c, size_t d, SplitVals* v, SplitValPiece* pcs) {
   v->on = false;
-  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d != 128 || !CpuHasVnni()) return false;
+  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d != 128) return false;
   size_t np = 0, nterm = 0, rowbytes = 0;
-  size_t term_byte[4] = {};
-  std::memset(v->tlo, 0, 64);
-  std::memset(v->thi, 0, 64);
   for (int g = 0; g < 2; ++g) {
     const attn::Group& gr = c->groups[g];
     const CodecPlan& plan = *gr.plan;
     if (!plan.scale_f16 || plan.qjl_dim != 0 || plan.mse_bits < 2 || plan.mse_bits > 4) return false;
     rowbytes = std::max(rowbytes, gr.row_offset + plan.row_bytes);
-    const size_t bb = static_cast<size_t>(plan.mse_bits), ncent = size_t{1} << bb;
+    const size_t bb = static_cast<size_t>(plan.mse_bits);
     for (size_t b = 0; b < plan.num_blocks; ++b) {
       const BlockPlan& bp = plan.blocks[b];
       const float cm = SplitBlockCmax(bp, plan.mse_bits);
       if (cm == 0.0f || nterm == 4) return false;
       const size_t term = nterm++;
-      term_byte[term] = gr.row_offset + plan.scale_offset + b * plan.scale_bytes;
+      v->tbyte[term] = static_cast<uint16_t>(gr.row_offset + plan.scale_offset + b * plan.scale_bytes);
       v->cs[term] = static_cast<float>(kValCmax) / cm;
       for (size_t kk = 0; kk < bp.size / 32; ++kk) {
         if (np == 4) return false;
         const size_t p = np++;
-        const size_t byte0 = gr.row_offset + (bp.offset + 32 * kk) * bb / 8;
+        pcs[p] = {gr.row_offset + (bp.offset + 32 * kk) * bb / 8, bb, bp.centroids};
         v->term[p] = term;
         v->out[p] = gr.rot_offset + bp.offset + 32 * kk;
-        for (size_t i = 0; i < 8; ++i) {
-          const size_t first = byte0 + (bb * 4 * i) / 8, shift = (bb * 4 * i) % 8;
-          for (size_t j = 0; j < 8; ++j) {
-            const size_t bi = 8 * i + j;
-            // bytes 0, 1: token a's; 2, 3: token b's (the second source).
-            const size_t src = j < 2 ? first + j : j < 4 ? 64 + first + (j - 2) : first;
-            v->perm[p][bi] = static_cast<uint8_t>(src);
-            const size_t kc = j / 2;  // code k of the qword's 4
-            v->ctrl[p][bi] = static_cast<uint8_t>((j % 2 ? 16 : 0) + shift + bb * kc);
-            v->mask[p][bi] = static_cast<uint8_t>(ncent - 1);
-            v->off[p][bi] = static_cast<uint8_t>(16 * p);
-          }
-        }
-        for (size_t e = 0; e < ncent; ++e) {
-          const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(bp.centroids[e] * v->cs[term])));
-          v->tlo[16 * p + e] = static_cast<uint8_t>(u & 0xFF);
-          v->thi[16 * p + e] = static_cast<uint8_t>(u >> 8);
-        }
       }
     }
   }
-  if (np != 4 || rowbytes > 64) return false;
-  std::memset(v->tperm, 0, 64);
-  v->tmask = 0;
-  for (size_t t = 0; t < nterm; ++t) {
-    for (size_t h = 0; h < 2; ++h) {
-      v->tperm[2 * t + h] = static_cast<uint8_t>(term_byte[t] + h);
-      v->tperm[16 + 2 * t + h] = static_cast<uint8_t>(64 + term_byte[t] + h);
-      v->tmask |= (uint64_t{1} << (2 * t + h)) | (uint64_t{1} << (16 + 2 * t + h));
-    }
-  }
+  if (np != 4) return false;
   v->np = np;
   v->nterm = nterm;
   v->rowbytes = rowbytes;
+  return true;
+}
+// A piece's int16 centroid of code e in units of cs.
+inline uint16_t SplitCent16(const SplitValPiece& pc, float cs, size_t e) {
+  return static_cast<uint16_t>(static_cast<int16_t>(std::lrint(pc.cent[e] * cs)));
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX3_DL
+// AVX3_DL: per pair of tokens and piece, one two-source byte permute puts
+// the code bytes of 4 coordinates of each token in every qword,
+// vpmultishiftqb interleaves the two tokens' codes (byte 2k: token a's code
+// k, 2k + 1: token b's), a ternary-logic op masks them and adds the piece's
+// table offset, and two vpermb give the centroid pairs. Two pieces a pass.
+inline bool BuildSplitVals(const attn::Comp* c, size_t d, SplitVals* v) {
+  SplitValPiece pcs[4];
+  if (!CpuHasVnni() || !SplitValShape(c, d, v, pcs) || v->rowbytes > 64) return false;
+  std::memset(v->tlo, 0, 64);
+  std::memset(v->thi, 0, 64);
+  for (size_t p = 0; p < 4; ++p) {
+    const size_t bb = pcs[p].bits, ncent = size_t{1} << bb, byte0 = pcs[p].byte;
+    for (size_t i = 0; i < 8; ++i) {
+      const size_t first = byte0 + (bb * 4 * i) / 8, shift = (bb * 4 * i) % 8;
+      for (size_t j = 0; j < 8; ++j) {
+        const size_t bi = 8 * i + j;
+        // bytes 0, 1: token a's; 2, 3: token b's (the second source).
+        const size_t src = j < 2 ? first + j : j < 4 ? 64 + first + (j - 2) : first;
+        v->perm[p][bi] = static_cast<uint8_t>(src);
+        const size_t kc = j / 2;  // code k of the qword's 4
+        v->ctrl[p][bi] = static_cast<uint8_t>((j % 2 ? 16 : 0) + shift + bb * kc);
+        v->mask[p][bi] = static_cast<uint8_t>(ncent - 1);
+        v->off[p][bi] = static_cast<uint8_t>(16 * p);
+      }
+    }
+    for (size_t e = 0; e < ncent; ++e) {
+      const uint16_t u = SplitCent16(pcs[p], v->cs[v->term[p]], e);
+      v->tlo[16 * p + e] = static_cast<uint8_t>(u & 0xFF);
+      v->thi[16 * p + e] = static_cast<uint8_t>(u >> 8);
+    }
+  }
+  std::memset(v->tperm, 0, 64);
+  v->tmask = 0;
+  for (size_t t = 0; t < v->nterm; ++t) {
+    for (size_t h = 0; h < 2; ++h) {
+      v->tperm[2 * t + h] = static_cast<uint8_t>(v->tbyte[t] + h);
+      v->tperm[16 + 2 * t + h] = static_cast<uint8_t>(64 + v->tbyte[t] + h);
+      v->tmask |= (uint64_t{1} << (2 * t + h)) | (uint64_t{1} << (16 + 2 * t + h));
+    }
+  }
   v->on = true;
   return true;
 }
@@ -3778,6 +3858,251 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
         }
         return z;
       });
+}
+
+// Split keys at head_dim 128 on AVX2 (see SplitKeys and ScoreSplit16 for
+// the int16 form): a piece's 32 codes are read from a 16-byte window of the
+// row (broadcast to both lanes), two byte shuffles and multiplies put each
+// code at the top of an int16 lane and a shift brings it down (as IdxAvx2),
+// a pack gives 32 index bytes in order, and two byte shuffles of the
+// piece's table give the int16 centroids; each QJL half-piece's 16 sign
+// bits are broadcast, tested lane by lane (bit L in lane L) and select +V
+// or -V. The query lanes: MSE piece p's vector 2 p + h holds coordinates
+// 16 blk + 8 h + m in lane 8 blk + m; the QJL vectors follow (32 np + i:
+// the piece's sign i).
+// An AVX2 piece of 32 codes of bb bits from row byte `byte` of rows of
+// rowbytes (>= 16) bytes: the row byte of its 16-byte window (the piece's
+// first byte, or the row's last 16 bytes), its shift count, its chunk
+// shuffles and multipliers, and its centroid table (u[0 .. 2^bb), low and
+// high bytes, both 128-bit lanes).
+inline void Avx2Piece(size_t byte, size_t bb, size_t rowbytes, const uint16_t* u, uint16_t* win, uint64_t* cnt,
+                      uint8_t* perm, int16_t* mul, uint8_t* tlo, uint8_t* thi) {
+  const size_t w = byte + 16 <= rowbytes ? byte : rowbytes - 16;
+  *win = static_cast<uint16_t>(w);
+  cnt[0] = 16 - bb;
+  cnt[1] = 0;
+  Avx2ChunkShuffles(bb, byte - w, 4 * bb, perm, mul);
+  std::memset(tlo, 0, 32);
+  std::memset(thi, 0, 32);
+  for (size_t e = 0; e < (size_t{1} << bb); ++e) {
+    tlo[e] = tlo[16 + e] = static_cast<uint8_t>(u[e] & 0xFF);
+    thi[e] = thi[16 + e] = static_cast<uint8_t>(u[e] >> 8);
+  }
+}
+// A piece's 32 index bytes (coordinates in order) from its window.
+HWY_INLINE __m256i PieceIdxAvx2(const uint8_t* row, size_t win, const uint64_t* cnt, const uint8_t (*perm)[32],
+                                const int16_t (*mul)[16]) {
+  const __m256i wv = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + win)));
+  const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(cnt));
+  auto half = [&](size_t v) __attribute__((always_inline)) {
+    return _mm256_srl_epi16(
+        _mm256_mullo_epi16(_mm256_shuffle_epi8(wv, _mm256_load_si256(reinterpret_cast<const __m256i*>(perm[v]))),
+                           _mm256_load_si256(reinterpret_cast<const __m256i*>(mul[v]))),
+        c);
+  };
+  return _mm256_packus_epi16(half(0), half(1));
+}
+inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
+  k->on = false;
+  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d != 128) return false;
+  SplitPiece pcs[8];
+  size_t np = 0;
+  if (!SplitKeyShape(c, d, pcs, &np, k) || k->rowbytes < 16) return false;
+  k->np = np;
+  k->lanes = 16;
+  k->nv = 2 * np + 2 * k->nq;
+  for (size_t p = 0; p < np; ++p) {
+    const SplitPiece& pc = pcs[p];
+    const size_t bb = static_cast<size_t>(pc.bits);
+    uint16_t u[16];
+    for (size_t v = 0; v < (size_t{1} << bb); ++v) {
+      u[v] = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(pc.cent[v] * pc.cs)));
+    }
+    k->pterm[p] = static_cast<uint8_t>(pc.term);
+    Avx2Piece(pc.byte, bb, k->rowbytes, u, &k->win[p], k->pcnt[p], &k->pperm[p][0][0], &k->pmul[p][0][0],
+              k->ptlo[p], k->pthi[p]);
+    for (size_t h = 0; h < 2; ++h) {
+      for (size_t L = 0; L < 16; ++L) {
+        k->xmap[(2 * p + h) * 16 + L] = static_cast<uint16_t>(pc.xbase + 16 * (L / 8) + 8 * h + L % 8);
+      }
+    }
+  }
+  // An int32 lane sums 2 nv products of |k16| <= 8192.
+  k->qmax = std::min<long>(16383, 2147483647L / (2L * static_cast<long>(k->nv) * 8192L));
+  k->on = true;
+  return true;
+}
+
+template <size_t NP, size_t NQ, size_t NR>
+HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
+                                 attn::Row* const* rs, const float* koff, float* const* lg,
+                                 AScratch& scr) {
+  constexpr size_t NV = 2 * NP + 2 * NQ;
+  const attn::Task& task = *ctx.task;
+  const SplitKeys& k = ctx.sk;
+  const int16_t* q[NR];
+  float qi[NR];
+  IntKeyRows<NR>(task, rs, scr.qs16x, NV * 16, scr.qs16inv, q, qi);
+  const size_t nm = k.nm;
+  HWY_ALIGN int16_t rat[kL][8];  // per token of the tile: its terms' int16 ratios
+  const __m256 tmul = _mm256_loadu_ps(k.tmul), tgt = _mm256_loadu_ps(k.tgt);
+  const __m256 lim = _mm256_set1_ps(16383.0f), nlim = _mm256_set1_ps(-16383.0f);
+  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(0x8000));
+  const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
+  auto half = [](const uint8_t* p) __attribute__((always_inline)) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return static_cast<short>(h);
+  };
+  KeyTilesAvx2<NR>(
+      s, a, b, kTokAhead, vbytes, qi, koff, lg,
+      [&](size_t t0, size_t nt, float* fac) __attribute__((always_inline)) {
+        for (size_t tt = 0; tt < nt; ++tt) {
+          const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
+          const __m128i hv = _mm_setr_epi16(half(row + k.tbyte[0]), half(row + k.tbyte[1]), half(row + k.tbyte[2]),
+                                            half(row + k.tbyte[3]), half(row + k.tbyte[4]), half(row + k.tbyte[5]),
+                                            half(row + k.tbyte[6]), half(row + k.tbyte[7]));
+          const __m256 w = _mm256_mul_ps(_mm256_cvtph_ps(hv), tmul);
+          __m256 mx = _mm256_max_ps(w, _mm256_permute2f128_ps(w, w, 1));
+          mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0x4E));
+          mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0xB1));
+          const float m = _mm256_cvtss_f32(mx);
+          const __m256 f = _mm256_set1_ps(m > 0.0f ? 1.0f / m : 0.0f);
+          const __m256i ri = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_mul_ps(w, tgt), f), lim), nlim));
+          _mm_store_si128(reinterpret_cast<__m128i*>(rat[tt]),
+                          _mm_packs_epi32(_mm256_castsi256_si128(ri), _mm256_extracti128_si256(ri, 1)));
+          fac[tt] = m / 8191.0f;
+        }
+      },
+      [&](size_t t, size_t tt, float*, __m256i* acc) __attribute__((always_inline)) {
+        const uint8_t* row = s.k + t * s.k_stride;
+        // The book's vectors are read where they are used (memory operands).
+        const SplitKeys* kb = &k;
+        asm("" : "+r"(kb));
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
+        HWY_UNROLL(8)
+        for (size_t p = 0; p < NP; ++p) {
+          const __m256i ix = PieceIdxAvx2(row, kb->win[p], kb->pcnt[p], kb->pperm[p], kb->pmul[p]);
+          const __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->ptlo[p])), ix);
+          const __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->pthi[p])), ix);
+          const __m256i rv = _mm256_set1_epi16(rat[tt][kb->pterm[p]]);
+          const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(lo, hi), rv);
+          const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(lo, hi), rv);
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) {
+            acc[r] = MaddAvx2(acc[r], k0, q[r] + 32 * p);
+            acc[r] = MaddAvx2(acc[r], k1, q[r] + 32 * p + 16);
+          }
+        }
+        HWY_UNROLL(8)
+        for (size_t qq = 0; qq < NQ; ++qq) {
+          const size_t g = kb->sgroup[qq];
+          const __m256i vp = _mm256_set1_epi16(rat[tt][nm + g]);
+          const __m256i vn = _mm256_set1_epi16(rat[tt][nm + 2 + g]);
+          HWY_UNROLL(2)
+          for (size_t h = 0; h < 2; ++h) {
+            const __m256i bits = _mm256_set1_epi16(half(row + kb->sbyte[qq] + 2 * h));
+            const __m256i m = _mm256_cmpeq_epi16(_mm256_and_si256(bits, sel), sel);
+            const __m256i kv = _mm256_blendv_epi8(vn, vp, m);
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) acc[r] = MaddAvx2(acc[r], kv, q[r] + 32 * NP + 32 * qq + 16 * h);
+          }
+        }
+      },
+      [](size_t) __attribute__((always_inline)) { return hn::Zero(AF()); });
+}
+
+// Split values at head_dim 128 on AVX2 (see SplitValShape): a piece's
+// index bytes as in ScoreSplitAvx2 (PieceIdxAvx2), the two tokens' bytes
+// of every (piece, pair) interleaved once; then per piece and half, one
+// pass over the pairs with 2 accumulators a row (AccumI16Avx2Inner's
+// form): the half's int32 sums cover coordinates 8 h .. 8 h + 7 and
+// 16 + 8 h .. 16 + 8 h + 7 of the piece.
+inline bool BuildSplitValsAvx2(const attn::Comp* c, size_t d, SplitVals* v) {
+  SplitValPiece pcs[4];
+  if (!SplitValShape(c, d, v, pcs) || v->rowbytes < 16) return false;
+  for (size_t p = 0; p < 4; ++p) {
+    uint16_t u[16];
+    for (size_t e = 0; e < (size_t{1} << pcs[p].bits); ++e) u[e] = SplitCent16(pcs[p], v->cs[v->term[p]], e);
+    Avx2Piece(pcs[p].byte, pcs[p].bits, v->rowbytes, u, &v->win[p], v->pcnt[p], &v->pperm[p][0][0],
+              &v->pmul[p][0][0], v->ptlo[p], v->pthi[p]);
+  }
+  v->on = true;
+  return true;
+}
+
+template <size_t NR>
+HWY_NOINLINE void AccumSplitAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
+                                 attn::Row* const* rs, float* const* w) {
+  const SplitVals& v = vctx.sv;
+  const size_t n = b - a, npairs = (n + 1) / 2;
+  const size_t nterm = v.nterm;
+  const uint8_t* rows[kTile + 1];
+  HWY_ALIGN float sg[4][kTile + kL];
+  for (size_t t = 0; t < n; ++t) {
+    rows[t] = s.v + (a + t) * s.v_stride;
+    for (size_t tm = 0; tm < nterm; ++tm) sg[tm][t] = Half(rows[t] + v.tbyte[tm]);
+  }
+  rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
+  for (size_t tm = 0; tm < nterm; ++tm) {
+    for (size_t t = n; t < kTile + kL; ++t) sg[tm][t] = 0.0f;
+  }
+  HWY_ALIGN int16_t w16[NR][4][kTile + kL];
+  float fac[NR][4];
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_values = true;
+    HWY_ALIGN float wr[kTile + kL];
+    PadWeights(w[r], n, wr);
+    for (size_t tm = 0; tm < nterm; ++tm) {
+      fac[r][tm] = TileWeights16(wr, sg[tm], n, kWmax, w16[r][tm]) / (static_cast<float>(kWmax) * v.cs[tm]);
+    }
+  }
+  HWY_ALIGN uint8_t X[4][2][kTile / 2][32];
+  for (size_t p = 0; p < npairs; ++p) {
+    const uint8_t* ra = rows[2 * p];
+    const uint8_t* rb = rows[2 * p + 1];
+    HWY_UNROLL(4)
+    for (size_t pc = 0; pc < 4; ++pc) {
+      const __m256i ia = PieceIdxAvx2(ra, v.win[pc], v.pcnt[pc], v.pperm[pc], v.pmul[pc]);
+      const __m256i ib = PieceIdxAvx2(rb, v.win[pc], v.pcnt[pc], v.pperm[pc], v.pmul[pc]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(X[pc][0][p]), _mm256_unpacklo_epi8(ia, ib));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(X[pc][1][p]), _mm256_unpackhi_epi8(ia, ib));
+    }
+  }
+  for (size_t pc = 0; pc < 4; ++pc) {
+    const size_t tm = v.term[pc];
+    const __m256i tlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(v.ptlo[pc]));
+    const __m256i thi = _mm256_load_si256(reinterpret_cast<const __m256i*>(v.pthi[pc]));
+    for (size_t h = 0; h < 2; ++h) {
+      __m256i acc[NR][2];
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (size_t p = 0; p < npairs; ++p) {
+        __m256i c0, c1;
+        CentAvx2(tlo, thi, _mm256_load_si256(reinterpret_cast<const __m256i*>(X[pc][h][p])), &c0, &c1);
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, w16[r][tm] + 2 * p, 4);
+          const __m256i wv = _mm256_set1_epi32(pair);
+          acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
+          acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
+        }
+      }
+      // acc[r][0]: coordinates 8 h + 0..3 and 16 + 8 h + 0..3; acc[r][1]: + 4..7.
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m256 fv = _mm256_set1_ps(fac[r][tm]);
+        float* dst = rs[r]->accr + v.out[pc] + 8 * h;
+        const __m256i lo = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x20);
+        const __m256i hi = _mm256_permute2x128_si256(acc[r][0], acc[r][1], 0x31);
+        _mm256_storeu_ps(dst, _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), fv, _mm256_loadu_ps(dst)));
+        _mm256_storeu_ps(dst + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), fv, _mm256_loadu_ps(dst + 16)));
+      }
+    }
+  }
 }
 
 // AccumMse16's passes for BITS-bit values at head_dim 128 (rows: the tile's
@@ -4347,6 +4672,12 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 #if HWY_TARGET == HWY_AVX3_DL
       if (ScoreSplitAny<NR>(ctx, s, a, b, rs, koff, lg, scr)) return;
 #endif
+#if HWY_TARGET == HWY_AVX2
+      // The recipes' shape at head_dim 128 (3 + 1 MSE pieces, 3 + 1 QJL pieces).
+      if (ctx.sk.on && ctx.sk.np == 4 && ctx.sk.nq == 4) {
+        return ScoreSplitAvx2<4, 4, NR>(ctx, s, a, b, rs, koff, lg, scr);
+      }
+#endif
       if (SplitRowsOk(kc)) return ScoreSplitRows<NR>(ctx, s, a, b, rs, koff, lg, scr);
       // Each TurboQuant group's codec rows of the tile are gathered into one
       // contiguous block (they may sit inside split rows or in two planes),
@@ -4764,6 +5095,9 @@ HWY_INLINE void AccumGroup(const KeyCtx& vctx, const attn::Seg& s, size_t a, siz
 #if HWY_TARGET == HWY_AVX3_DL
       if (vctx.sv.on) return AccumSplit16<NR>(vctx, s, a, b, rs, w);
 #endif
+#if HWY_TARGET == HWY_AVX2
+      if (vctx.sv.on) return AccumSplitAvx2<NR>(vctx, s, a, b, rs, w);
+#endif
       if (SplitValuesOk(vc)) return AccumSplitRows<NR>(vctx, s, a, b, rs, w, scr);
       break;
     case Fmt::kF16:
@@ -5039,6 +5373,8 @@ HWY_NOINLINE void AttnRunImpl(const attn::Task& task) {
   BuildSplitVals(task.vc, d, &vctx.sv);
 #endif
 #if HWY_TARGET == HWY_AVX2
+  if (BuildSplitKeysAvx2(task.kc, d, &kctx.sk)) PrepareSplitKeys(task, *task.kc, &kctx.sk, scr);
+  BuildSplitValsAvx2(task.vc, d, &vctx.sv);
   kctx.gk = MakeGKeysAvx2(task.kc, d);
   if (kctx.gk.on) {
     const int kind = kctx.gk.kind;
