@@ -355,10 +355,12 @@ struct SplitKeys {
   float lambda[2] = {1.0f, 1.0f};  // sketch weight in the extended query, per group
   uint16_t tbyte[8] = {};          // row byte of each term's fp16 value
   // AVX2, per MSE piece: the row byte its 16-byte window starts at, its
-  // shift count (16 - bits), scale term, chunk shuffles and multipliers
+  // shift count (16 - bits), chunk shuffles and multipliers
   // (Avx2ChunkShuffles), and int16 centroids' low and high bytes.
   uint16_t win[8] = {};
-  uint8_t pterm[8] = {};
+  // AVX2 ratio slots: slot p < np is MSE piece p's scale term, slots np ..
+  // np + 3 the QJL terms (+V of each group, then -V): per slot its term.
+  uint8_t slot[8] = {};
   HWY_ALIGN uint64_t pcnt[8][2] = {};
   HWY_ALIGN uint8_t pperm[8][2][32];
   HWY_ALIGN int16_t pmul[8][2][16];
@@ -1369,6 +1371,12 @@ HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
       : "+x"(acc), "=&x"(t)
       : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
   return acc;
+}
+// The pairwise products alone (a token's first multiply-add).
+HWY_INLINE __m256i MulAvx2(__m256i k, const int16_t* q) {
+  __m256i t;
+  asm("vpmaddwd %1, %2, %0" : "=x"(t) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+  return t;
 }
 HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
   __m256i t;
@@ -3908,9 +3916,13 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
   SplitPiece pcs[8];
   size_t np = 0;
   if (!SplitKeyShape(c, d, pcs, &np, k) || k->rowbytes < 16) return false;
+  if (np + 4 > 8) return false;
   k->np = np;
   k->lanes = 16;
   k->nv = 2 * np + 2 * k->nq;
+  for (size_t j = 0; j < 8; ++j) {
+    k->slot[j] = static_cast<uint8_t>(j < np ? pcs[j].term : j < np + 4 ? k->nm + (j - np) : 0);
+  }
   for (size_t p = 0; p < np; ++p) {
     const SplitPiece& pc = pcs[p];
     const size_t bb = static_cast<size_t>(pc.bits);
@@ -3918,7 +3930,6 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
     for (size_t v = 0; v < (size_t{1} << bb); ++v) {
       u[v] = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(pc.cent[v] * pc.cs)));
     }
-    k->pterm[p] = static_cast<uint8_t>(pc.term);
     Avx2Piece(pc.byte, bb, k->rowbytes, u, &k->win[p], k->pcnt[p], &k->pperm[p][0][0], &k->pmul[p][0][0],
               k->ptlo[p], k->pthi[p]);
     for (size_t h = 0; h < 2; ++h) {
@@ -3933,7 +3944,7 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
   return true;
 }
 
-template <size_t NP, size_t NQ, size_t NR>
+template <size_t NP, size_t NQ0, size_t NQ, size_t NR>
 HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
                                  attn::Row* const* rs, const float* koff, float* const* lg,
                                  AScratch& scr) {
@@ -3943,9 +3954,9 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
   const int16_t* q[NR];
   float qi[NR];
   IntKeyRows<NR>(task, rs, scr.qs16x, NV * 16, scr.qs16inv, q, qi);
-  const size_t nm = k.nm;
-  HWY_ALIGN int16_t rat[kL][8];  // per token of the tile: its terms' int16 ratios
-  const __m256 tmul = _mm256_loadu_ps(k.tmul), tgt = _mm256_loadu_ps(k.tgt);
+  static_assert(NP + 4 <= 8, "ratio slots");
+  // Per ratio slot (SplitKeys::slot) and token of the tile: its int16 ratio.
+  HWY_ALIGN int16_t rat[8][kL];
   const __m256 lim = _mm256_set1_ps(16383.0f), nlim = _mm256_set1_ps(-16383.0f);
   const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                                         static_cast<int16_t>(0x8000));
@@ -3955,52 +3966,66 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
     std::memcpy(&h, p, 2);
     return static_cast<short>(h);
   };
+  static_assert(kL == 8, "a tile's terms are computed 8 tokens a vector");
   KeyTilesAvx2<NR>(
       s, a, b, kTokAhead, vbytes, qi, koff, lg,
+      // The tile's terms a vector of its 8 tokens: fp16 values gathered
+      // by scalar loads (term-major), their largest per token, the ratios.
       [&](size_t t0, size_t nt, float* fac) __attribute__((always_inline)) {
-        for (size_t tt = 0; tt < nt; ++tt) {
-          const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
-          const __m128i hv = _mm_setr_epi16(half(row + k.tbyte[0]), half(row + k.tbyte[1]), half(row + k.tbyte[2]),
-                                            half(row + k.tbyte[3]), half(row + k.tbyte[4]), half(row + k.tbyte[5]),
-                                            half(row + k.tbyte[6]), half(row + k.tbyte[7]));
-          const __m256 w = _mm256_mul_ps(_mm256_cvtph_ps(hv), tmul);
-          __m256 mx = _mm256_max_ps(w, _mm256_permute2f128_ps(w, w, 1));
-          mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0x4E));
-          mx = _mm256_max_ps(mx, _mm256_permute_ps(mx, 0xB1));
-          const float m = _mm256_cvtss_f32(mx);
-          const __m256 f = _mm256_set1_ps(m > 0.0f ? 1.0f / m : 0.0f);
-          const __m256i ri = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_mul_ps(w, tgt), f), lim), nlim));
-          _mm_store_si128(reinterpret_cast<__m128i*>(rat[tt]),
-                          _mm_packs_epi32(_mm256_castsi256_si128(ri), _mm256_extracti128_si256(ri, 1)));
-          fac[tt] = m / 8191.0f;
+        HWY_ALIGN uint16_t hb[8][kL];
+        for (size_t tt = 0; tt < kL; ++tt) {
+          const uint8_t* row = s.k + (t0 + std::min(tt, nt - 1)) * s.k_stride;  // past nt: the last token again
+          HWY_UNROLL(8)
+          for (size_t j = 0; j < 8; ++j) hb[j][tt] = static_cast<uint16_t>(half(row + k.tbyte[k.slot[j]]));
         }
+        __m256 w[8];
+        __m256 mx = _mm256_setzero_ps();
+        HWY_UNROLL(8)
+        for (size_t j = 0; j < 8; ++j) {
+          w[j] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hb[j]))),
+                               _mm256_set1_ps(k.tmul[k.slot[j]]));
+          mx = _mm256_max_ps(mx, w[j]);
+        }
+        const __m256 pos = _mm256_cmp_ps(mx, _mm256_setzero_ps(), _CMP_GT_OQ);
+        const __m256 f = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), mx), pos);
+        HWY_UNROLL(4)
+        for (size_t j = 0; j < 8; j += 2) {
+          auto ratio = [&](size_t jj) __attribute__((always_inline)) {
+            const __m256 x = _mm256_mul_ps(w[jj], _mm256_mul_ps(_mm256_set1_ps(k.tgt[k.slot[jj]]), f));
+            return _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(x, lim), nlim));
+          };
+          // packs: j's tokens 0..3, j + 1's 0..3 | j's 4..7, j + 1's 4..7.
+          const __m256i pk = _mm256_permute4x64_epi64(_mm256_packs_epi32(ratio(j), ratio(j + 1)), 0xD8);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(rat[j]), pk);
+        }
+        _mm256_storeu_ps(fac, _mm256_div_ps(mx, _mm256_set1_ps(8191.0f)));
+        for (size_t tt = nt; tt < kL; ++tt) fac[tt] = 0.0f;
       },
       [&](size_t t, size_t tt, float*, __m256i* acc) __attribute__((always_inline)) {
         const uint8_t* row = s.k + t * s.k_stride;
         // The book's vectors are read where they are used (memory operands).
         const SplitKeys* kb = &k;
         asm("" : "+r"(kb));
-        HWY_UNROLL(4)
-        for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
         HWY_UNROLL(8)
         for (size_t p = 0; p < NP; ++p) {
           const __m256i ix = PieceIdxAvx2(row, kb->win[p], kb->pcnt[p], kb->pperm[p], kb->pmul[p]);
           const __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->ptlo[p])), ix);
           const __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->pthi[p])), ix);
-          const __m256i rv = _mm256_set1_epi16(rat[tt][kb->pterm[p]]);
+          const __m256i rv = _mm256_set1_epi16(rat[p][tt]);
           const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(lo, hi), rv);
           const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(lo, hi), rv);
           HWY_UNROLL(4)
           for (size_t r = 0; r < NR; ++r) {
-            acc[r] = MaddAvx2(acc[r], k0, q[r] + 32 * p);
+            acc[r] = p == 0 ? MulAvx2(k0, q[r]) : MaddAvx2(acc[r], k0, q[r] + 32 * p);
             acc[r] = MaddAvx2(acc[r], k1, q[r] + 32 * p + 16);
           }
         }
         HWY_UNROLL(8)
         for (size_t qq = 0; qq < NQ; ++qq) {
-          const size_t g = kb->sgroup[qq];
-          const __m256i vp = _mm256_set1_epi16(rat[tt][nm + g]);
-          const __m256i vn = _mm256_set1_epi16(rat[tt][nm + 2 + g]);
+          constexpr size_t g0 = NP;  // the QJL slots
+          const size_t g = qq < NQ0 ? 0 : 1;
+          const __m256i vp = _mm256_set1_epi16(rat[g0 + g][tt]);
+          const __m256i vn = _mm256_set1_epi16(rat[g0 + 2 + g][tt]);
           HWY_UNROLL(2)
           for (size_t h = 0; h < 2; ++h) {
             const __m256i bits = _mm256_set1_epi16(half(row + kb->sbyte[qq] + 2 * h));
@@ -4674,8 +4699,8 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 #endif
 #if HWY_TARGET == HWY_AVX2
       // The recipes' shape at head_dim 128 (3 + 1 MSE pieces, 3 + 1 QJL pieces).
-      if (ctx.sk.on && ctx.sk.np == 4 && ctx.sk.nq == 4) {
-        return ScoreSplitAvx2<4, 4, NR>(ctx, s, a, b, rs, koff, lg, scr);
+      if (ctx.sk.on && ctx.sk.np == 4 && ctx.sk.nq0 == 3 && ctx.sk.nq == 4) {
+        return ScoreSplitAvx2<4, 3, 4, NR>(ctx, s, a, b, rs, koff, lg, scr);
       }
 #endif
       if (SplitRowsOk(kc)) return ScoreSplitRows<NR>(ctx, s, a, b, rs, koff, lg, scr);
