@@ -3635,7 +3635,10 @@ HWY_INLINE void KeyTilesAvx2(const attn::Seg& s, size_t a, size_t b, size_t ahea
   }
 }
 
-template <int BITS, size_t NR>
+// kQjl (prod keys, one segment): the QJL term in the same pass (Qjl16's
+// form: per token and row A = -sum_{bit set} q16 from 16 signs a lane mask,
+// bit L in lane L; the tile's terms added with the logits).
+template <int BITS, size_t NR, bool kQjl = false>
 HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                                const float* koff, float* const* lg, AScratch& scr) {
   const attn::Task& task = *ctx.task;
@@ -3649,6 +3652,12 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const Avx2Chunks<BITS == 4 ? 2 : BITS>& tb = Avx2ChunkTables<BITS == 4 ? 2 : BITS>();
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
+  Qjl16<NR> qc;
+  if constexpr (kQjl) qc = MakeQjl16<NR>(task, z, rs, scr);
+  HWY_ALIGN AV qparts[kQjl ? NR : 1][kL];
+  AV qfac = hn::Zero(AF());
+  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(0x8000));
   size_t off = 0;  // the part's first logit in the tile
   for (size_t pi = 0; pi < nsp; ++pi) {
     const attn::Seg& s = *sp[pi].s;
@@ -3662,8 +3671,14 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
         s, a, b, kTokAhead, vbytes, qi, koff, lgo,
         [&](size_t t0, size_t nt, float* fac) __attribute__((always_inline)) {
           Scales16(plan, s.km + t0 * s.km_stride, s.km_stride, nt, fac, klead);
+          if constexpr (kQjl) {
+            qfac = QjlFactors<NR>(qc, plan, s, t0, nt);
+            for (size_t r = 0; r < NR; ++r) {
+              for (size_t tt = nt; tt < kL; ++tt) qparts[r][tt] = hn::Zero(AF());
+            }
+          }
         },
-        [&](size_t t, size_t, float*, __m256i* acc) __attribute__((always_inline)) {
+        [&](size_t t, size_t tt, float*, __m256i* acc) __attribute__((always_inline)) {
           const uint8_t* row = s.k + t * s.k_stride;
           HWY_UNROLL(4)
           for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
@@ -3696,8 +3711,25 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
               }
             }
           }
+          if constexpr (kQjl) {
+            const uint8_t* sg = row + plan.sign_offset;
+            __m256i qa[NR];
+            for (size_t k = 0; k < qc.m; k += 16) {
+              uint16_t w16;
+              std::memcpy(&w16, sg + k / 8, 2);
+              const __m256i bits = _mm256_set1_epi16(static_cast<short>(w16));
+              const __m256i mk = _mm256_cmpeq_epi16(_mm256_and_si256(bits, sel), sel);
+              HWY_UNROLL(4)
+              for (size_t r = 0; r < NR; ++r) qa[r] = k == 0 ? MulAvx2(mk, qc.qs[r]) : MaddAvx2(qa[r], mk, qc.qs[r] + k);
+            }
+            HWY_UNROLL(4)
+            for (size_t r = 0; r < NR; ++r) qparts[r][tt] = AV{_mm256_cvtepi32_ps(qa[r])};
+          }
         },
-        [](size_t) __attribute__((always_inline)) { return hn::Zero(AF()); });
+        [&](size_t r) __attribute__((always_inline)) {
+          if constexpr (kQjl) return QjlTerms<NR>(qc, r, qparts[r], qfac);
+          return hn::Zero(AF());
+        });
     off += b - a;
   }
 }
@@ -4469,7 +4501,9 @@ HWY_INLINE bool ScoreGKeysAny(const KeyCtx& ctx, const attn::Seg& s, size_t a, s
 // The fixed-shape kernels for the book's code width and chunk count, where
 // one is compiled (true: it ran).
 #define TQ_FIXED_SHAPES(X) X(2, 1) X(2, 2) X(2, 4) X(3, 1) X(3, 2) X(3, 4) X(4, 1) X(4, 2)
-template <size_t NR>
+// kQjl (prod keys): on AVX2 the QJL term too (true: both ran); elsewhere
+// the MSE part only, the caller adding the signs.
+template <size_t NR, bool kQjl = false>
 HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                            const float* koff, float* const* lg, AScratch& scr) {
 #if HWY_TARGET == HWY_AVX3_DL
@@ -4491,6 +4525,17 @@ HWY_INLINE bool ScoreFixed(const KeyCtx& ctx, const SegPart* sp, size_t nsp, att
 #elif HWY_TARGET == HWY_AVX2
   const I16Book& z = ctx.i16;
   if (ctx.task->d == 128 && !z.asym && (z.nib || z.inreg)) {
+    // Prod keys: the QJL term in the same pass (one segment, kQjl).
+    if constexpr (kQjl) {
+      if (nsp == 1 && z.qjl % 16 == 0) {
+        switch (z.bits) {
+          case 2: ScoreI16Avx2<2, NR, true>(ctx, sp, nsp, rs, koff, lg, scr); return true;
+          case 3: ScoreI16Avx2<3, NR, true>(ctx, sp, nsp, rs, koff, lg, scr); return true;
+          default: break;
+        }
+      }
+      return false;
+    }
     switch (z.bits) {
       case 2: ScoreI16Avx2<2, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
       case 3: ScoreI16Avx2<3, NR>(ctx, sp, nsp, rs, koff, lg, scr); return true;
@@ -4677,9 +4722,13 @@ HWY_INLINE void ScoreGroup(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
 #ifdef TQ_ATTN_I16
       if (ctx.i16.on) {  // (b-1)-bit MSE part and QJL signs, both as int16 dot products
         const SegPart part{&s, a, b};
+#if HWY_TARGET == HWY_AVX2
+        if (ScoreFixed<NR, true>(ctx, &part, 1, rs, koff, lg, scr)) return;  // MSE part and signs in one pass
+#else
         if (ScoreFixed<NR>(ctx, &part, 1, rs, koff, lg, scr)) {  // AVX3_DL: MSE part, then the signs
           return AddQjl16<NR, true>(ctx, s, a, b, rs, lg, scr);
         }
+#endif
         if (ctx.i16.vnni) return ScoreMse16<NR, true, true>(ctx, s, a, b, rs, koff, lg, scr);
         return ScoreMse16<NR, false, true>(ctx, s, a, b, rs, koff, lg, scr);
       }
