@@ -310,6 +310,25 @@ TEST(SimdTest, TargetsAndNames) {
   EXPECT_EQ(default_name, ActiveSimdTarget());
 }
 
+// The public form (tq bench attention --simd): names in, clear errors out.
+TEST(SimdTest, ForceSimdTargetByName) {
+  const std::vector<std::string> names = SimdTargets();
+  ASSERT_FALSE(names.empty());
+  const std::string default_name = ActiveSimdTarget();
+  EXPECT_EQ(names.front(), default_name);
+  for (const std::string& n : names) {
+    ASSERT_TRUE(ForceSimdTarget(n).ok()) << n;
+    EXPECT_EQ(n, ActiveSimdTarget());
+  }
+  const Status bad = ForceSimdTarget("AVX9");
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("AVX9"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find(names.front()), std::string::npos) << "lists the accepted names: " << bad.message();
+  EXPECT_EQ(names.back(), ActiveSimdTarget()) << "a refused name leaves the forced target as it was";
+  ASSERT_TRUE(ForceSimdTarget("").ok());
+  EXPECT_EQ(default_name, ActiveSimdTarget());
+}
+
 constexpr size_t kDims[] = {1,  2,  3,   7,   8,   9,   15,  16,  17,  31,  32,  33,  63,
                             64, 65, 80,  96,  112, 127, 128, 129, 160, 192, 256, 576};
 

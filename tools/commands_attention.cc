@@ -25,6 +25,7 @@
 #include "tq/paged_kv_cache.h"
 #include "tq/metrics.h"
 #include "tq/random.h"
+#include "tq/version.h"
 
 namespace tq::tools {
 namespace {
@@ -137,6 +138,7 @@ struct BenchArgs {
   std::string mode = "decode";
   bool json = false;
   std::string plot;
+  std::string simd;  // --simd: dispatch restricted to this SIMD target
   size_t reps = 10, warmup = 2, chunk = 512;
   std::string order = "abba";
   size_t sinks = 4, recent = 128;
@@ -607,7 +609,13 @@ void RegisterBenchAttention(CLI::App& bench) {
   cmd->add_option("--seed", a->seed, "synthetic K/V and query seed")->capture_default_str();
   cmd->add_flag("--json", a->json, "print {\"results\":[...]} (times are medians)");
   cmd->add_option("--plot", a->plot, "write an SVG of speedup vs context, one line per preset");
+  cmd->add_option("--simd", a->simd,
+                  "run every kernel (dense and compressed) on this SIMD target, one this CPU supports "
+                  "(AVX3_DL, AVX3, AVX2, SSE4, ...; default: the best)");
   cmd->callback([a] {
+    if (!a->simd.empty()) {
+      if (Status st = ForceSimdTarget(a->simd); !st.ok()) Fail(st);
+    }
     const std::vector<int> contexts = ParseIntList(a->contexts, "--context", 1, 1 << 30);
     const std::vector<std::string> presets = SplitList(a->presets);
     if (a->batch == 0 || a->q_heads == 0 || a->kv_heads == 0 || a->head_dim == 0) {

@@ -5,9 +5,22 @@
 #define TQ_VERSION_MINOR 1
 #define TQ_VERSION_PATCH 0
 
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tq/status.h"
+
 namespace tq {
 // Name of the SIMD target the dispatcher picked on this CPU ("AVX3", "AVX2", ...).
 const char* ActiveSimdTarget();
+// SIMD targets compiled into this build that this CPU runs, best first.
+std::vector<std::string> SimdTargets();
+// Restricts every kernel's dispatch to one of SimdTargets() (to compare
+// targets on one machine); "" restores the default. Process-wide: call it
+// while no kernel runs. Unknown or unsupported names: InvalidArgument
+// listing the accepted ones.
+Status ForceSimdTarget(std::string_view name);
 }  // namespace tq
 
 #endif  // TQ_VERSION_H_

@@ -78,6 +78,29 @@ const char* TargetName(int64_t target) { return hwy::TargetName(target); }
 
 namespace tq {
 const char* ActiveSimdTarget() { return HWY_DYNAMIC_DISPATCH(cpu::TargetNameImpl)(); }
+
+std::vector<std::string> SimdTargets() {
+  std::vector<std::string> names;
+  for (int64_t t : cpu::AvailableTargets()) names.emplace_back(cpu::TargetName(t));
+  return names;
+}
+
+Status ForceSimdTarget(std::string_view name) {
+  if (name.empty()) {
+    cpu::ForceTarget(0);
+    return Status::Ok();
+  }
+  std::string list;
+  for (int64_t t : cpu::AvailableTargets()) {
+    if (name == cpu::TargetName(t)) {
+      cpu::ForceTarget(t);
+      return Status::Ok();
+    }
+    list += (list.empty() ? "" : ", ") + std::string(cpu::TargetName(t));
+  }
+  return InvalidArgumentError("SIMD target '" + std::string(name) + "' is not one this build runs on this CPU (" +
+                              list + ")");
+}
 }  // namespace tq
 
 #endif  // HWY_ONCE
