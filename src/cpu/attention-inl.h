@@ -2985,6 +2985,11 @@ inline float SplitBlockCmax(const BlockPlan& bp, int bits) {
   return cm > 0.0f && std::isfinite(cm) ? cm : 0.0f;
 }
 
+// A split piece's int16 centroid e: cent[e] in units of cs.
+inline uint16_t SplitCent16(const float* cent, float cs, size_t e) {
+  return static_cast<uint16_t>(static_cast<int16_t>(std::lrint(cent[e] * cs)));
+}
+
 // An MSE piece of a split key row: 32 coordinates of one rotation block.
 struct SplitPiece {
   size_t byte;   // first code byte in the split row
@@ -3195,7 +3200,7 @@ inline bool BuildSplitKeys(const attn::Comp* c, size_t d, SplitKeys* k) {
         }
       }
       for (size_t v = 0; v < (size_t{1} << bb); ++v) {
-        const uint16_t u = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(p.cent[v] * p.cs)));
+        const uint16_t u = SplitCent16(p.cent, p.cs, v);
         k->tlo[e][16 * sl + v] = static_cast<uint8_t>(u & 0xFF);
         k->thi[e][16 * sl + v] = static_cast<uint8_t>(u >> 8);
       }
@@ -3396,9 +3401,24 @@ inline bool SplitValShape(const attn::Comp* c, size_t d, SplitVals* v, SplitValP
   v->rowbytes = rowbytes;
   return true;
 }
-// A piece's int16 centroid of code e in units of cs.
-inline uint16_t SplitCent16(const SplitValPiece& pc, float cs, size_t e) {
-  return static_cast<uint16_t>(static_cast<int16_t>(std::lrint(pc.cent[e] * cs)));
+// A tile's int16 weights for split values (both targets): per row and
+// scale term, weight x the tokens' block scale (sg: a term's scales of the
+// tile's n tokens, zeroed here past n) rounded against the tile's largest
+// (TileWeights16), and fac, their factors back to float.
+template <size_t NR>
+HWY_INLINE void SplitValWeights(const SplitVals& v, attn::Row* const* rs, float* const* w, size_t n,
+                                float (*sg)[kTile + kL], int16_t (*w16)[4][kTile + kL], float (*fac)[4]) {
+  for (size_t tm = 0; tm < v.nterm; ++tm) {
+    for (size_t t = n; t < kTile + kL; ++t) sg[tm][t] = 0.0f;
+  }
+  for (size_t r = 0; r < NR; ++r) {
+    rs[r]->int_values = true;
+    HWY_ALIGN float wr[kTile + kL];
+    PadWeights(w[r], n, wr);
+    for (size_t tm = 0; tm < v.nterm; ++tm) {
+      fac[r][tm] = TileWeights16(wr, sg[tm], n, kWmax, w16[r][tm]) / (static_cast<float>(kWmax) * v.cs[tm]);
+    }
+  }
 }
 #endif
 
@@ -3429,7 +3449,7 @@ inline bool BuildSplitVals(const attn::Comp* c, size_t d, SplitVals* v) {
       }
     }
     for (size_t e = 0; e < ncent; ++e) {
-      const uint16_t u = SplitCent16(pcs[p], v->cs[v->term[p]], e);
+      const uint16_t u = SplitCent16(pcs[p].cent, v->cs[v->term[p]], e);
       v->tlo[16 * p + e] = static_cast<uint8_t>(u & 0xFF);
       v->thi[16 * p + e] = static_cast<uint8_t>(u >> 8);
     }
@@ -3473,19 +3493,9 @@ HWY_NOINLINE void AccumSplit16(const KeyCtx& vctx, const attn::Seg& s, size_t a,
     }
   }
   rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
-  for (size_t tm = 0; tm < nterm; ++tm) {
-    for (size_t t = n; t < kTile + kL; ++t) sg[tm][t] = 0.0f;
-  }
   HWY_ALIGN int16_t w16[NR][4][kTile + kL];
   float fac[NR][4];
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_values = true;
-    HWY_ALIGN float wr[kTile + kL];
-    PadWeights(w[r], n, wr);
-    for (size_t tm = 0; tm < nterm; ++tm) {
-      fac[r][tm] = TileWeights16(wr, sg[tm], n, kWmax, w16[r][tm]) / (static_cast<float>(kWmax) * v.cs[tm]);
-    }
-  }
+  SplitValWeights<NR>(v, rs, w, n, sg, w16, fac);
   const __m512i tlo = _mm512_load_si512(v.tlo), thi = _mm512_load_si512(v.thi);
   // Lane 4 j + k of the low / high vector holds coordinate 8 j + k / 8 j + 4 + k.
   const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -3915,16 +3925,6 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
       });
 }
 
-// Split keys at head_dim 128 on AVX2 (see SplitKeys and ScoreSplit16 for
-// the int16 form): a piece's 32 codes are read from a 16-byte window of the
-// row (broadcast to both lanes), two byte shuffles and multiplies put each
-// code at the top of an int16 lane and a shift brings it down (as IdxAvx2),
-// a pack gives 32 index bytes in order, and two byte shuffles of the
-// piece's table give the int16 centroids; each QJL half-piece's 16 sign
-// bits are broadcast, tested lane by lane (bit L in lane L) and select +V
-// or -V. The query lanes: MSE piece p's vector 2 p + h holds coordinates
-// 16 blk + 8 h + m in lane 8 blk + m; the QJL vectors follow (32 np + i:
-// the piece's sign i).
 // An AVX2 piece of 32 codes of bb bits from row byte `byte` of rows of
 // rowbytes (>= 16) bytes: the row byte of its 16-byte window (the piece's
 // first byte, or the row's last 16 bytes), its shift count, its chunk
@@ -3957,6 +3957,16 @@ HWY_INLINE __m256i PieceIdxAvx2(const uint8_t* row, size_t win, const uint64_t* 
   };
   return _mm256_packus_epi16(half(0), half(1));
 }
+// Split keys at head_dim 128 on AVX2 (see SplitKeys and ScoreSplit16 for
+// the int16 form): a piece's 32 codes are read from a 16-byte window of the
+// row (broadcast to both lanes), two byte shuffles and multiplies put each
+// code at the top of an int16 lane and a shift brings it down (as IdxAvx2),
+// a pack gives 32 index bytes in order, and two byte shuffles of the
+// piece's table give the int16 centroids; each QJL half-piece's 16 sign
+// bits are broadcast, tested lane by lane (bit L in lane L) and select +V
+// or -V. The query lanes: MSE piece p's vector 2 p + h holds coordinates
+// 16 blk + 8 h + m in lane 8 blk + m; the QJL vectors follow (32 np + i:
+// the piece's sign i).
 inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
   k->on = false;
   if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d != 128) return false;
@@ -3974,9 +3984,7 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
     const SplitPiece& pc = pcs[p];
     const size_t bb = static_cast<size_t>(pc.bits);
     uint16_t u[16];
-    for (size_t v = 0; v < (size_t{1} << bb); ++v) {
-      u[v] = static_cast<uint16_t>(static_cast<int16_t>(std::lrint(pc.cent[v] * pc.cs)));
-    }
+    for (size_t v = 0; v < (size_t{1} << bb); ++v) u[v] = SplitCent16(pc.cent, pc.cs, v);
     Avx2Piece(pc.byte, bb, k->rowbytes, u, &k->win[p], k->pcnt[p], &k->pperm[p][0][0], &k->pmul[p][0][0],
               k->ptlo[p], k->pthi[p]);
     for (size_t h = 0; h < 2; ++h) {
@@ -4094,10 +4102,11 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
 // 16 + 8 h .. 16 + 8 h + 7 of the piece.
 inline bool BuildSplitValsAvx2(const attn::Comp* c, size_t d, SplitVals* v) {
   SplitValPiece pcs[4];
-  if (!SplitValShape(c, d, v, pcs) || v->rowbytes < 16) return false;
+  // Windows of 16 bytes inside the row; an odd tile's twin is ZeroRow (256 bytes).
+  if (!SplitValShape(c, d, v, pcs) || v->rowbytes < 16 || v->rowbytes > 256) return false;
   for (size_t p = 0; p < 4; ++p) {
     uint16_t u[16];
-    for (size_t e = 0; e < (size_t{1} << pcs[p].bits); ++e) u[e] = SplitCent16(pcs[p], v->cs[v->term[p]], e);
+    for (size_t e = 0; e < (size_t{1} << pcs[p].bits); ++e) u[e] = SplitCent16(pcs[p].cent, v->cs[v->term[p]], e);
     Avx2Piece(pcs[p].byte, pcs[p].bits, v->rowbytes, u, &v->win[p], v->pcnt[p], &v->pperm[p][0][0],
               &v->pmul[p][0][0], v->ptlo[p], v->pthi[p]);
   }
@@ -4118,19 +4127,9 @@ HWY_NOINLINE void AccumSplitAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t 
     for (size_t tm = 0; tm < nterm; ++tm) sg[tm][t] = Half(rows[t] + v.tbyte[tm]);
   }
   rows[n] = ZeroRow();  // an odd tile's twin (its weight is 0 too)
-  for (size_t tm = 0; tm < nterm; ++tm) {
-    for (size_t t = n; t < kTile + kL; ++t) sg[tm][t] = 0.0f;
-  }
   HWY_ALIGN int16_t w16[NR][4][kTile + kL];
   float fac[NR][4];
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_values = true;
-    HWY_ALIGN float wr[kTile + kL];
-    PadWeights(w[r], n, wr);
-    for (size_t tm = 0; tm < nterm; ++tm) {
-      fac[r][tm] = TileWeights16(wr, sg[tm], n, kWmax, w16[r][tm]) / (static_cast<float>(kWmax) * v.cs[tm]);
-    }
-  }
+  SplitValWeights<NR>(v, rs, w, n, sg, w16, fac);
   HWY_ALIGN uint8_t X[4][2][kTile / 2][32];
   for (size_t p = 0; p < npairs; ++p) {
     const uint8_t* ra = rows[2 * p];
