@@ -1380,7 +1380,14 @@ HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> ac
 // w), summed into int32 lanes. Written as asm statements: with the
 // intrinsics GCC 12 computed a token's products ahead of their adds and
 // kept them on the stack.
+// VX: AVX-VNNI (VEX-encoded vpdpwssd, Intel cores since Alder Lake and
+// Sapphire Rapids, AMD since Zen 5): one instruction for both.
+template <bool VX = false>
 HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
+  if constexpr (VX) {
+    asm("%{vex%} vpdpwssd %1, %2, %0" : "+x"(acc) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+    return acc;
+  }
   __m256i t;
   asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0"
       : "+x"(acc), "=&x"(t)
@@ -1393,10 +1400,21 @@ HWY_INLINE __m256i MulAvx2(__m256i k, const int16_t* q) {
   asm("vpmaddwd %1, %2, %0" : "=x"(t) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
   return t;
 }
+template <bool VX = false>
 HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
+  if constexpr (VX) {
+    asm("%{vex%} vpdpwssd %1, %2, %0" : "+x"(acc) : "x"(w), "x"(k));
+    return acc;
+  }
   __m256i t;
   asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
   return acc;
+}
+// The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
+// (checked once): each kernel re-enters itself with VX = true.
+inline bool CpuHasAvxVnni() {
+  static const bool has = __builtin_cpu_supports("avxvnni");
+  return has;
 }
 #endif
 
@@ -2374,9 +2392,12 @@ HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, 
 // coordinates; 2 bits: codes 2 h and 2 h + 1 of each byte), 2 accumulators
 // a row (8 for 4 rows, within the 16 ymm registers); lanes back to
 // coordinate order by permutes once a tile.
-template <int BITS, size_t NR>
+template <int BITS, size_t NR, bool VX = false>
 HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
                                 float* const* w) {
+  if constexpr (!VX) {
+    if (CpuHasAvxVnni()) return AccumAsymAvx2<BITS, NR, true>(s, a, b, rs, w);
+  }
   constexpr size_t kG = 32, ng = 4;
   constexpr size_t kGB = kG * BITS / 8;  // code bytes of a group
   const size_t n = b - a, npairs = (n + 1) / 2;
@@ -2454,8 +2475,8 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
           int32_t pair;
           std::memcpy(&pair, w16[r][g] + 2 * p, 4);
           const __m256i wv = _mm256_set1_epi32(pair);
-          acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
-          acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
+          acc[r][0] = MaddAvx2<VX>(acc[r][0], c0, wv);
+          acc[r][1] = MaddAvx2<VX>(acc[r][1], c1, wv);
         }
       }
       if constexpr (BITS == 2) {
@@ -3663,9 +3684,12 @@ HWY_INLINE void KeyTilesAvx2(const attn::Seg& s, size_t a, size_t b, size_t ahea
 // kQjl (prod keys, one segment): the QJL term in the same pass (Qjl16's
 // form: per token and row A = -sum_{bit set} q16 from 16 signs a lane mask,
 // bit L in lane L; the tile's terms added with the logits).
-template <int BITS, size_t NR, bool kQjl = false>
+template <int BITS, size_t NR, bool kQjl = false, bool VX = false>
 HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                                const float* koff, float* const* lg, AScratch& scr) {
+  if constexpr (!VX) {
+    if (CpuHasAvxVnni()) return ScoreI16Avx2<BITS, NR, kQjl, true>(ctx, sp, nsp, rs, koff, lg, scr);
+  }
   const attn::Task& task = *ctx.task;
   const CodecPlan& plan = *ctx.kc->groups[0].plan;
   const I16Book& z = ctx.i16;
@@ -3717,10 +3741,10 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
               const size_t o = 4 * c * kN16;
               HWY_UNROLL(4)
               for (size_t r = 0; r < NR; ++r) {
-                acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
-                acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
-                acc[r] = MaddAvx2(acc[r], c2, q[r] + o + 2 * kN16);
-                acc[r] = MaddAvx2(acc[r], c3, q[r] + o + 3 * kN16);
+                acc[r] = MaddAvx2<VX>(acc[r], c0, q[r] + o);
+                acc[r] = MaddAvx2<VX>(acc[r], c1, q[r] + o + kN16);
+                acc[r] = MaddAvx2<VX>(acc[r], c2, q[r] + o + 2 * kN16);
+                acc[r] = MaddAvx2<VX>(acc[r], c3, q[r] + o + 3 * kN16);
               }
             }
           } else {
@@ -3731,8 +3755,8 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
               const size_t o = 2 * c * kN16;
               HWY_UNROLL(4)
               for (size_t r = 0; r < NR; ++r) {
-                acc[r] = MaddAvx2(acc[r], c0, q[r] + o);
-                acc[r] = MaddAvx2(acc[r], c1, q[r] + o + kN16);
+                acc[r] = MaddAvx2<VX>(acc[r], c0, q[r] + o);
+                acc[r] = MaddAvx2<VX>(acc[r], c1, q[r] + o + kN16);
               }
             }
           }
@@ -3745,7 +3769,7 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
               const __m256i bits = _mm256_set1_epi16(static_cast<short>(w16));
               const __m256i mk = _mm256_cmpeq_epi16(_mm256_and_si256(bits, sel), sel);
               HWY_UNROLL(4)
-              for (size_t r = 0; r < NR; ++r) qa[r] = k == 0 ? MulAvx2(mk, qc.qs[r]) : MaddAvx2(qa[r], mk, qc.qs[r] + k);
+              for (size_t r = 0; r < NR; ++r) qa[r] = k == 0 ? MulAvx2(mk, qc.qs[r]) : MaddAvx2<VX>(qa[r], mk, qc.qs[r] + k);
             }
             HWY_UNROLL(4)
             for (size_t r = 0; r < NR; ++r) qparts[r][tt] = AV{_mm256_cvtepi32_ps(qa[r])};
@@ -3805,9 +3829,12 @@ inline GKeys MakeGKeysAvx2(const attn::Comp* c, size_t d) {
   g.on = true;
   return g;
 }
-template <int KIND, size_t NR>
+template <int KIND, size_t NR, bool VX = false>
 HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
                                  const float* koff, float* const* lg, AScratch& scr) {
+  if constexpr (!VX) {
+    if (CpuHasAvxVnni()) return ScoreGKeysAvx2<KIND, NR, true>(ctx, s, a, b, rs, koff, lg, scr);
+  }
   const AF df;
   const attn::Task& task = *ctx.task;
   const int16_t* q[NR];
@@ -3872,8 +3899,8 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
             const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, x), rv);
             HWY_UNROLL(4)
             for (size_t r = 0; r < NR; ++r) {
-              acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * l * kN16);
-              acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * l + 1) * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k0, q[r] + 2 * l * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k1, q[r] + (2 * l + 1) * kN16);
             }
           }
         } else if constexpr (KIND == 2) {
@@ -3890,8 +3917,8 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
             const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, pk), r1);
             HWY_UNROLL(4)
             for (size_t r = 0; r < NR; ++r) {
-              acc[r] = MaddAvx2(acc[r], k0, q[r] + 2 * k * kN16);
-              acc[r] = MaddAvx2(acc[r], k1, q[r] + (2 * k + 1) * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k0, q[r] + 2 * k * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k1, q[r] + (2 * k + 1) * kN16);
             }
           }
         } else {
@@ -3907,10 +3934,10 @@ HWY_NOINLINE void ScoreGKeysAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
             const __m256i k3 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(zero, p1), rv);
             HWY_UNROLL(4)
             for (size_t r = 0; r < NR; ++r) {
-              acc[r] = MaddAvx2(acc[r], k0, q[r] + 4 * l * kN16);
-              acc[r] = MaddAvx2(acc[r], k1, q[r] + (4 * l + 1) * kN16);
-              acc[r] = MaddAvx2(acc[r], k2, q[r] + (4 * l + 2) * kN16);
-              acc[r] = MaddAvx2(acc[r], k3, q[r] + (4 * l + 3) * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k0, q[r] + 4 * l * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k1, q[r] + (4 * l + 1) * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k2, q[r] + (4 * l + 2) * kN16);
+              acc[r] = MaddAvx2<VX>(acc[r], k3, q[r] + (4 * l + 3) * kN16);
             }
           }
         }
@@ -3999,10 +4026,13 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
   return true;
 }
 
-template <size_t NP, size_t NQ0, size_t NQ, size_t NR>
+template <size_t NP, size_t NQ0, size_t NQ, size_t NR, bool VX = false>
 HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b,
                                  attn::Row* const* rs, const float* koff, float* const* lg,
                                  AScratch& scr) {
+  if constexpr (!VX) {
+    if (CpuHasAvxVnni()) return ScoreSplitAvx2<NP, NQ0, NQ, NR, true>(ctx, s, a, b, rs, koff, lg, scr);
+  }
   constexpr size_t NV = 2 * NP + 2 * NQ;
   const attn::Task& task = *ctx.task;
   const SplitKeys& k = ctx.sk;
@@ -4071,8 +4101,8 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
           const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(lo, hi), rv);
           HWY_UNROLL(4)
           for (size_t r = 0; r < NR; ++r) {
-            acc[r] = p == 0 ? MulAvx2(k0, q[r]) : MaddAvx2(acc[r], k0, q[r] + 32 * p);
-            acc[r] = MaddAvx2(acc[r], k1, q[r] + 32 * p + 16);
+            acc[r] = p == 0 ? MulAvx2(k0, q[r]) : MaddAvx2<VX>(acc[r], k0, q[r] + 32 * p);
+            acc[r] = MaddAvx2<VX>(acc[r], k1, q[r] + 32 * p + 16);
           }
         }
         HWY_UNROLL(8)
@@ -4087,7 +4117,7 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
             const __m256i m = _mm256_cmpeq_epi16(_mm256_and_si256(bits, sel), sel);
             const __m256i kv = _mm256_blendv_epi8(vn, vp, m);
             HWY_UNROLL(4)
-            for (size_t r = 0; r < NR; ++r) acc[r] = MaddAvx2(acc[r], kv, q[r] + 32 * NP + 32 * qq + 16 * h);
+            for (size_t r = 0; r < NR; ++r) acc[r] = MaddAvx2<VX>(acc[r], kv, q[r] + 32 * NP + 32 * qq + 16 * h);
           }
         }
       },
@@ -4114,9 +4144,12 @@ inline bool BuildSplitValsAvx2(const attn::Comp* c, size_t d, SplitVals* v) {
   return true;
 }
 
-template <size_t NR>
+template <size_t NR, bool VX = false>
 HWY_NOINLINE void AccumSplitAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b,
                                  attn::Row* const* rs, float* const* w) {
+  if constexpr (!VX) {
+    if (CpuHasAvxVnni()) return AccumSplitAvx2<NR, true>(vctx, s, a, b, rs, w);
+  }
   const SplitVals& v = vctx.sv;
   const size_t n = b - a, npairs = (n + 1) / 2;
   const size_t nterm = v.nterm;
@@ -4158,8 +4191,8 @@ HWY_NOINLINE void AccumSplitAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t 
           int32_t pair;
           std::memcpy(&pair, w16[r][tm] + 2 * p, 4);
           const __m256i wv = _mm256_set1_epi32(pair);
-          acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
-          acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
+          acc[r][0] = MaddAvx2<VX>(acc[r][0], c0, wv);
+          acc[r][1] = MaddAvx2<VX>(acc[r][1], c1, wv);
         }
       }
       // acc[r][0]: coordinates 8 h + 0..3 and 16 + 8 h + 0..3; acc[r][1]: + 4..7.
@@ -4182,9 +4215,12 @@ HWY_NOINLINE void AccumSplitAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t 
 // index bytes of every (pass, pair) are interleaved once into X; each pass
 // then runs twice over the pairs, once for each pair of its four
 // accumulator vectors.
-template <size_t NR, int BITS>
+template <size_t NR, int BITS, bool VX = false>
 HWY_INLINE void AccumI16Avx2Inner(const I16Book& z, const uint8_t* const* rows, size_t npairs,
                                   const int16_t* const* wps, const float* fac, float* const* priv) {
+  if constexpr (!VX) {
+    if (CpuHasAvxVnni()) return AccumI16Avx2Inner<NR, BITS, true>(z, rows, npairs, wps, fac, priv);
+  }
   constexpr bool kNib = BITS == 4;
   HWY_ALIGN uint8_t X[4][kNib ? 1 : 2][kTile / 2][32];
   const __m256i tlo = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(z.lo)));
@@ -4228,8 +4264,8 @@ HWY_INLINE void AccumI16Avx2Inner(const I16Book& z, const uint8_t* const* rows, 
           int32_t pair;
           std::memcpy(&pair, wps[r] + 2 * p, 4);
           const __m256i wv = _mm256_set1_epi32(pair);
-          acc[r][0] = MaddAvx2(acc[r][0], c0, wv);
-          acc[r][1] = MaddAvx2(acc[r][1], c1, wv);
+          acc[r][0] = MaddAvx2<VX>(acc[r][0], c0, wv);
+          acc[r][1] = MaddAvx2<VX>(acc[r][1], c1, wv);
         }
       }
       HWY_UNROLL(4)
