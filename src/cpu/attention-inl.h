@@ -36,6 +36,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
@@ -1412,8 +1416,13 @@ HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
 }
 // The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
 // (checked once): each kernel re-enters itself with VX = true.
+// CPUID leaf 7 subleaf 1, EAX bit 4 (compilers differ on the builtin's name
+// for it); the AVX2 target runs only where the OS saves YMM state.
 inline bool CpuHasAvxVnni() {
-  static const bool has = __builtin_cpu_supports("avxvnni");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
+  }();
   return has;
 }
 #endif
