@@ -1415,9 +1415,9 @@ HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
   return acc;
 }
 // The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
-// (checked once): each kernel re-enters itself with VX = true.
-// CPUID leaf 7 subleaf 1, EAX bit 4 (compilers differ on the builtin's name
-// for it); the AVX2 target runs only where the OS saves YMM state.
+// (each kernel re-enters itself with VX = true): CPUID leaf 7 subleaf 1,
+// EAX bit 4, checked once (compilers differ on the builtin's name for it);
+// the AVX2 target runs only where the OS saves YMM state.
 inline bool CpuHasAvxVnni() {
   static const bool has = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
