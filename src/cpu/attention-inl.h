@@ -5424,6 +5424,15 @@ HWY_INLINE void InitCtx(const attn::Task& task, const attn::Comp* c, KeyCtx* ctx
 
 }  // namespace attnk
 
+// The attention kernels' name for reports: the target, and on AVX2 whether
+// the integer kernels' AVX-VNNI forms run.
+HWY_NOINLINE const char* AttnKernelNameImpl() {
+#if HWY_TARGET == HWY_AVX2
+  if (attnk::CpuHasAvxVnni()) return "AVX2+AVX-VNNI";
+#endif
+  return hwy::TargetName(HWY_TARGET);
+}
+
 // The attention driver's query rotation and QJL sketch (ref::PrepareQuery)
 // and output rotation (ref::RotateInverse) with the codec's SIMD kernels:
 // the same results bit for bit (golden_test holds those kernels to the

@@ -30,6 +30,7 @@ HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(ScoreRowsImpl);
 HWY_EXPORT(TargetNameImpl);
 HWY_EXPORT(AttnRunImpl);
+HWY_EXPORT(AttnKernelNameImpl);
 HWY_EXPORT(PrepareQueryImpl);
 HWY_EXPORT(RotateInverseImpl);
 
@@ -43,7 +44,7 @@ void RotateInverse(const CodecPlan& plan, float* y, float* x) {
   HWY_DYNAMIC_DISPATCH(RotateInverseImpl)(plan, y, x);
 }
 
-const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(AttnKernelNameImpl)(); }
 
 size_t EncodeRows(const CodecPlan& plan, const float* x, size_t rows, uint8_t* out) {
   return HWY_DYNAMIC_DISPATCH(EncodeRowsImpl)(plan, x, rows, out);
