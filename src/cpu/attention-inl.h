@@ -1414,6 +1414,15 @@ HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
   asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
   return acc;
 }
+// The lane mask of 16 QJL sign bits at p (little-endian word): lane L is
+// all ones where bit L is set.
+HWY_INLINE __m256i SignMaskAvx2(const uint8_t* p) {
+  uint16_t w;
+  std::memcpy(&w, p, 2);
+  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(0x8000));
+  return _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(static_cast<short>(w)), sel), sel);
+}
 // The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
 // (each kernel re-enters itself with VX = true): CPUID leaf 7 subleaf 1,
 // EAX bit 4, checked once (compilers differ on the builtin's name for it);
@@ -3714,8 +3723,6 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
   if constexpr (kQjl) qc = MakeQjl16<NR>(task, z, rs, scr);
   HWY_ALIGN AV qparts[kQjl ? NR : 1][kL];
   AV qfac = hn::Zero(AF());
-  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                        static_cast<int16_t>(0x8000));
   size_t off = 0;  // the part's first logit in the tile
   for (size_t pi = 0; pi < nsp; ++pi) {
     const attn::Seg& s = *sp[pi].s;
@@ -3773,10 +3780,7 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
             const uint8_t* sg = row + plan.sign_offset;
             __m256i qa[NR];
             for (size_t k = 0; k < qc.m; k += 16) {
-              uint16_t w16;
-              std::memcpy(&w16, sg + k / 8, 2);
-              const __m256i bits = _mm256_set1_epi16(static_cast<short>(w16));
-              const __m256i mk = _mm256_cmpeq_epi16(_mm256_and_si256(bits, sel), sel);
+              const __m256i mk = SignMaskAvx2(sg + k / 8);
               HWY_UNROLL(4)
               for (size_t r = 0; r < NR; ++r) qa[r] = k == 0 ? MulAvx2(mk, qc.qs[r]) : MaddAvx2<VX>(qa[r], mk, qc.qs[r] + k);
             }
@@ -4052,8 +4056,6 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
   // Per ratio slot (SplitKeys::slot) and token of the tile: its int16 ratio.
   HWY_ALIGN int16_t rat[8][kL];
   const __m256 lim = _mm256_set1_ps(16383.0f), nlim = _mm256_set1_ps(-16383.0f);
-  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                        static_cast<int16_t>(0x8000));
   const size_t vbytes = task.vc ? task.vc->payload_bytes : 0;
   auto half = [](const uint8_t* p) __attribute__((always_inline)) {
     uint16_t h;
@@ -4122,8 +4124,7 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
           const __m256i vn = _mm256_set1_epi16(rat[g0 + 2 + g][tt]);
           HWY_UNROLL(2)
           for (size_t h = 0; h < 2; ++h) {
-            const __m256i bits = _mm256_set1_epi16(half(row + kb->sbyte[qq] + 2 * h));
-            const __m256i m = _mm256_cmpeq_epi16(_mm256_and_si256(bits, sel), sel);
+            const __m256i m = SignMaskAvx2(row + kb->sbyte[qq] + 2 * h);
             const __m256i kv = _mm256_blendv_epi8(vn, vp, m);
             HWY_UNROLL(4)
             for (size_t r = 0; r < NR; ++r) acc[r] = MaddAvx2<VX>(acc[r], kv, q[r] + 32 * NP + 32 * qq + 16 * h);
