@@ -215,6 +215,38 @@ HWY_INLINE void Scales16(const CodecPlan& plan, const uint8_t* p, size_t stride,
     _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
     return;
   }
+#elif HWY_TARGET == HWY_AVX2
+  (void)lead;
+  if (plan.scale_f16) {
+    // 8 fp16 scales a vector, inserted lane by lane from their rows and
+    // converted at once: the scalar loop's 8 float stores were read back
+    // as one vector by the callers (a store-forwarding stall a tile).
+    for (size_t t0 = 0; t0 < n; t0 += 8) {
+      const size_t m = std::min<size_t>(8, n - t0);
+      const uint8_t* b = p + t0 * stride;
+      auto h16 = [&](size_t i) __attribute__((always_inline)) {
+        uint16_t h;
+        std::memcpy(&h, b + std::min(i, m - 1) * stride, 2);
+        return static_cast<int>(h);
+      };
+      __m128i h = _mm_cvtsi32_si128(h16(0));
+      h = _mm_insert_epi16(h, h16(1), 1);
+      h = _mm_insert_epi16(h, h16(2), 2);
+      h = _mm_insert_epi16(h, h16(3), 3);
+      h = _mm_insert_epi16(h, h16(4), 4);
+      h = _mm_insert_epi16(h, h16(5), 5);
+      h = _mm_insert_epi16(h, h16(6), 6);
+      h = _mm_insert_epi16(h, h16(7), 7);
+      const __m256 f = _mm256_cvtph_ps(h);
+      if (m == 8) {
+        _mm256_storeu_ps(out + t0, f);
+      } else {
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_maskstore_ps(out + t0, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m)), lanes), f);
+      }
+    }
+    return;
+  }
 #else
   (void)lead;
 #endif
@@ -281,6 +313,24 @@ struct Regs {
 
 // ---------------------------------------------------------------------------
 // Scores.
+
+// Writes a tile's logits v of one row (nt <= kL tokens valid) to dst (add:
+// adds them to what is there). A full tile is one vector store; every
+// scoring kernel had stored the vector and copied it out float by float
+// (removing that took 5-10% off k3_v3 and k4_v4 decode on the AVX2 Zen 3,
+// docs/BENCHMARKS.md).
+template <bool kAdd = false>
+HWY_INLINE void StoreLogits(AV v, float* dst, size_t nt) {
+  const AF df;
+  if (nt == kL) {
+    if constexpr (kAdd) v = hn::Add(v, hn::LoadU(df, dst));
+    hn::StoreU(v, df, dst);
+    return;
+  }
+  HWY_ALIGN float tmp[kL];
+  hn::Store(v, df, tmp);
+  for (size_t tt = 0; tt < nt; ++tt) dst[tt] = kAdd ? dst[tt] + tmp[tt] : tmp[tt];
+}
 
 // Lane i of the result = sum of the lanes of v[i] (kL vectors).
 HWY_INLINE AV ReduceVectors(AV* v) {
@@ -673,9 +723,8 @@ HWY_NOINLINE void ScoreDecodedT(const DecodeInfo& info, const attn::Seg& s, size
     }
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float sums[kL];
-      hn::Store(ReduceVectors(parts[r]), df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt] + tails[r][tt] + koff[r];
+      StoreLogits(hn::Add(hn::Add(ReduceVectors(parts[r]), hn::LoadU(df, tails[r])), hn::Set(df, koff[r])), lg[r] + (t0 - a),
+                  nt);
     }
   }
 }
@@ -745,9 +794,7 @@ HWY_NOINLINE void ScoreDenseRows(const attn::Seg& s, size_t a, size_t b, size_t 
     }
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float sums[kL];
-      hn::Store(hn::Add(ReduceVectors(parts[r]), hn::Set(df, koff[r])), df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
+      StoreLogits(hn::Add(ReduceVectors(parts[r]), hn::Set(df, koff[r])), lg[r] + (t0 - a), nt);
     }
   }
 }
@@ -927,9 +974,8 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
     }
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float sums[kL];
-      hn::Store(ReduceVectors(parts[r]), df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt] + qjl[r][tt] + koff[r];
+      StoreLogits(hn::Add(hn::Add(ReduceVectors(parts[r]), hn::LoadU(df, qjl[r])), hn::Set(df, koff[r])), lg[r] + (t0 - a),
+                  nt);
     }
   }
 }
@@ -1484,8 +1530,11 @@ HWY_INLINE AV QjlFactors(const Qjl16<NR>& c, const CodecPlan& plan, const attn::
                          size_t nt) {
   HWY_ALIGN float gsc[kL] = {};
   const size_t go = plan.resid_offset - plan.scale_offset;
-  for (size_t tt = 0; tt < nt; ++tt) gsc[tt] = c.coef * Scale(plan, s.km + (t0 + tt) * s.km_stride + go);
-  return hn::Load(AF(), gsc);
+  // Scales16 (a vector, not kL scalar stores read back as one: a
+  // store-forwarding stall a tile); the scale precedes gamma in the row.
+  const bool lead = plan.resid_offset >= plan.scale_offset + 2 || MetaAfterCodes(s.k, s.km + go, s.km_stride);
+  Scales16(plan, s.km + t0 * s.km_stride + go, s.km_stride, nt, gsc, lead);
+  return hn::Mul(hn::Load(AF(), gsc), hn::Set(AF(), c.coef));
 }
 // The term of row r for a tile's tokens (parts: QjlToken's lanes per token,
 // zero past the tile's end; fac: QjlFactors), lanes in token order.
@@ -1521,9 +1570,7 @@ HWY_NOINLINE void AddQjl16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size
     const AV fac = QjlFactors<NR>(c, plan, s, t0, nt);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float add[kL];
-      hn::Store(QjlTerms<NR>(c, r, parts[r], fac), df, add);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] += add[tt];
+      StoreLogits<true>(QjlTerms<NR>(c, r, parts[r], fac), lg[r] + (t0 - a), nt);
     }
   }
 }
@@ -1671,11 +1718,9 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
     if constexpr (kQjl) qfac = QjlFactors<NR>(qc, plan, s, t0, nt);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float sums[kL];
       AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), scv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
       if constexpr (kQjl) tot = hn::Add(tot, QjlTerms<NR>(qc, r, qparts[r], qfac));
-      hn::Store(tot, df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
+      StoreLogits(tot, lg[r] + (t0 - a), nt);
     }
   }
 }
@@ -3691,10 +3736,8 @@ HWY_INLINE void KeyTilesAvx2(const attn::Seg& s, size_t a, size_t b, size_t ahea
     const AV fv = hn::Load(df, fac);
     HWY_UNROLL(4)
     for (size_t r = 0; r < NR; ++r) {
-      HWY_ALIGN float sums[kL];
       const AV tot = hn::MulAdd(hn::Mul(ReduceVectors(parts[r]), fv), hn::Set(df, qi[r]), hn::Set(df, koff[r]));
-      hn::Store(hn::Add(tot, extra(r)), df, sums);
-      for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] = sums[tt];
+      StoreLogits(hn::Add(tot, extra(r)), lg[r] + (t0 - a), nt);
     }
   }
 }
@@ -4731,14 +4774,12 @@ HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a
       }
       HWY_UNROLL(4)
       for (size_t r = 0; r < NR; ++r) {
-        HWY_ALIGN float sums[kL];
         AV tot = ReduceVectors(parts[r]);
         if (shared_signs) {
           const AV sgn = hn::MulAdd(ReduceVectors(sparts[r]), hn::Set(df, 2.0f), hn::Set(df, -qsum[r]));
           tot = hn::MulAdd(sgn, hn::Load(df, gam), tot);
         }
-        hn::Store(tot, df, sums);
-        for (size_t tt = 0; tt < nt; ++tt) lg[r][t0 - a + tt] += sums[tt] + qjl[r][tt];
+        StoreLogits<true>(hn::Add(tot, hn::LoadU(df, qjl[r])), lg[r] + (t0 - a), nt);
       }
     }
   }
