@@ -430,6 +430,10 @@ struct SplitKeys {
   // AVX2 ratio slots: slot p < np is MSE piece p's scale term, slots np ..
   // np + 3 the QJL terms (+V of each group, then -V): per slot its term.
   uint8_t slot[8] = {};
+  // AVX2, per MSE piece: 1 or 2 for a 1- or 2-bit piece read by shifts
+  // (its row byte in pbyte), 0 for the shuffle-and-multiply form.
+  uint8_t pshift[8] = {};
+  uint16_t pbyte[8] = {};
   HWY_ALIGN uint64_t pcnt[8][2] = {};
   HWY_ALIGN uint8_t pperm[8][2][32];
   HWY_ALIGN int16_t pmul[8][2][16];
@@ -4070,9 +4074,16 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
     for (size_t v = 0; v < (size_t{1} << bb); ++v) u[v] = SplitCent16(pc.cent, pc.cs, v);
     Avx2Piece(pc.byte, bb, k->rowbytes, u, &k->win[p], k->pcnt[p], &k->pperm[p][0][0], &k->pmul[p][0][0],
               k->ptlo[p], k->pthi[p]);
+    k->pshift[p] = static_cast<uint8_t>(bb <= 2 ? bb : 0);
+    k->pbyte[p] = static_cast<uint16_t>(pc.byte);
     for (size_t h = 0; h < 2; ++h) {
       for (size_t L = 0; L < 16; ++L) {
-        k->xmap[(2 * p + h) * 16 + L] = static_cast<uint16_t>(pc.xbase + 16 * (L / 8) + 8 * h + L % 8);
+        // Index byte P of the piece (CentAvx2's unpacks: lane L of half h).
+        const size_t P = 16 * (L / 8) + 8 * h + L % 8;
+        // In order, or as the shifts leave them (2 bits: qword k holds codes
+        // 4 i + k of the piece's bytes i; 1 bit: dword k holds codes 8 i + k).
+        const size_t x = bb == 2 ? 4 * (P % 8) + P / 8 : bb == 1 ? 8 * (P % 4) + P / 4 : P;
+        k->xmap[(2 * p + h) * 16 + L] = static_cast<uint16_t>(pc.xbase + x);
       }
     }
   }
@@ -4147,7 +4158,23 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
         asm("" : "+r"(kb));
         HWY_UNROLL(8)
         for (size_t p = 0; p < NP; ++p) {
-          const __m256i ix = PieceIdxAvx2(row, kb->win[p], kb->pcnt[p], kb->pperm[p], kb->pmul[p]);
+          // 1- and 2-bit pieces by two shifts and a mask (BuildSplitKeysAvx2's lane order).
+          __m256i ix;
+          if (kb->pshift[p] == 2) {
+            uint64_t w;
+            std::memcpy(&w, row + kb->pbyte[p], 8);
+            ix = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(static_cast<long long>(w)),
+                                                    _mm256_setr_epi64x(0, 2, 4, 6)),
+                                  _mm256_set1_epi8(3));
+          } else if (kb->pshift[p] == 1) {
+            uint32_t w;
+            std::memcpy(&w, row + kb->pbyte[p], 4);
+            ix = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                                  _mm256_set1_epi8(1));
+          } else {
+            ix = PieceIdxAvx2(row, kb->win[p], kb->pcnt[p], kb->pperm[p], kb->pmul[p]);
+          }
           const __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->ptlo[p])), ix);
           const __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->pthi[p])), ix);
           const __m256i rv = _mm256_set1_epi16(rat[p][tt]);
