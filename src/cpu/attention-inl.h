@@ -4158,7 +4158,7 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
         asm("" : "+r"(kb));
         HWY_UNROLL(8)
         for (size_t p = 0; p < NP; ++p) {
-          // 1- and 2-bit pieces by two shifts and a mask (BuildSplitKeysAvx2's lane order).
+          // 1- and 2-bit pieces: a broadcast, a variable shift and a mask (BuildSplitKeysAvx2's lane order).
           __m256i ix;
           if (kb->pshift[p] == 2) {
             uint64_t w;
