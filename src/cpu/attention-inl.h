@@ -3703,6 +3703,28 @@ HWY_INLINE void CentAvx2(__m256i tlo, __m256i thi, __m256i ix, __m256i* c0, __m2
   *c0 = _mm256_unpacklo_epi8(lo, hi);
   *c1 = _mm256_unpackhi_epi8(lo, hi);
 }
+// Int16 centroids of the 64 4-bit codes at p (32 bytes): c0, c1 from the
+// low nibbles, c2, c3 from the high ones (CentAvx2's order). One asm
+// statement: compiled from intrinsics, GCC had stored the loaded codes to
+// the stack and read them back before the shift, on every token.
+HWY_INLINE void Cent4Avx2(const uint8_t* p, __m256i tlo, __m256i thi, __m256i m4, __m256i* c0, __m256i* c1,
+                          __m256i* c2, __m256i* c3) {
+  __m256i x, a;
+  asm("vmovdqu %6, %4\n\t"
+      "vpsrlw $4, %4, %5\n\t"
+      "vpand %4, %9, %4\n\t"
+      "vpand %5, %9, %5\n\t"
+      "vpshufb %4, %7, %0\n\t"
+      "vpshufb %4, %8, %4\n\t"
+      "vpshufb %5, %7, %2\n\t"
+      "vpshufb %5, %8, %5\n\t"
+      "vpunpckhbw %4, %0, %1\n\t"
+      "vpunpcklbw %4, %0, %0\n\t"
+      "vpunpckhbw %5, %2, %3\n\t"
+      "vpunpcklbw %5, %2, %2"
+      : "=&x"(*c0), "=&x"(*c1), "=&x"(*c2), "=&x"(*c3), "=&x"(x), "=&x"(a)
+      : "m"(*reinterpret_cast<const __m256i*>(p)), "x"(tlo), "x"(thi), "x"(m4));
+}
 // The token loop of the AVX2 key kernels over rows [a, b) of s, kL tokens
 // a tile: tile(t0, nt, fac) fills fac[0..kL) (zero past nt) or leaves it to
 // the tokens; token(t, tt, fac, acc) sets the NR int32 sums of token t
@@ -3792,19 +3814,15 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
         },
         [&](size_t t, size_t tt, float*, __m256i* acc) __attribute__((always_inline)) {
           const uint8_t* row = s.k + t * s.k_stride;
-          HWY_UNROLL(4)
-          for (size_t r = 0; r < NR; ++r) acc[r] = _mm256_setzero_si256();
           if constexpr (BITS == 4) {
             HWY_UNROLL(2)
             for (size_t c = 0; c < 2; ++c) {
-              const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c));
               __m256i c0, c1, c2, c3;
-              CentAvx2(tlo, thi, _mm256_and_si256(x, m4), &c0, &c1);
-              CentAvx2(tlo, thi, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4), &c2, &c3);
+              Cent4Avx2(row + 32 * c, tlo, thi, m4, &c0, &c1, &c2, &c3);
               const size_t o = 4 * c * kN16;
               HWY_UNROLL(4)
               for (size_t r = 0; r < NR; ++r) {
-                acc[r] = MaddAvx2<VX>(acc[r], c0, q[r] + o);
+                acc[r] = c == 0 ? MulAvx2(c0, q[r]) : MaddAvx2<VX>(acc[r], c0, q[r] + o);
                 acc[r] = MaddAvx2<VX>(acc[r], c1, q[r] + o + kN16);
                 acc[r] = MaddAvx2<VX>(acc[r], c2, q[r] + o + 2 * kN16);
                 acc[r] = MaddAvx2<VX>(acc[r], c3, q[r] + o + 3 * kN16);
@@ -3818,7 +3836,7 @@ HWY_NOINLINE void ScoreI16Avx2(const KeyCtx& ctx, const SegPart* sp, size_t nsp,
               const size_t o = 2 * c * kN16;
               HWY_UNROLL(4)
               for (size_t r = 0; r < NR; ++r) {
-                acc[r] = MaddAvx2<VX>(acc[r], c0, q[r] + o);
+                acc[r] = c == 0 ? MulAvx2(c0, q[r]) : MaddAvx2<VX>(acc[r], c0, q[r] + o);
                 acc[r] = MaddAvx2<VX>(acc[r], c1, q[r] + o + kN16);
               }
             }
