@@ -317,8 +317,8 @@ struct Regs {
 // Writes a tile's logits v of one row (nt <= kL tokens valid) to dst (add:
 // adds them to what is there). A full tile is one vector store; every
 // scoring kernel had stored the vector and copied it out float by float
-// (removing that took 5-10% off k3_v3 and k4_v4 decode on the AVX2 Zen 3,
-// docs/BENCHMARKS.md).
+// (with the AVX2 Scales16 change of the same commit: k4_v4 and k3_v3 decode
+// 4.6-7.9% faster on the AVX2 Zen 3 by paired A/B, docs/BENCHMARKS.md).
 template <bool kAdd = false>
 HWY_INLINE void StoreLogits(AV v, float* dst, size_t nt) {
   const AF df;
