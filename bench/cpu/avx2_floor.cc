@@ -1,13 +1,16 @@
-// What an AVX2 core can do for the int16 key kernel: vector-pipe throughput
-// of the instructions it is made of, and one 4-bit key token (head_dim 128,
-// 4 query heads of a KV head: 32 vpmaddwd + 32 vpaddd, 8 vpshufb, 8 unpacks)
-// in three forms: its operations alone in registers (the port bound), a
-// standalone token loop over real rows, and that loop with the kernel's
-// tile epilogue (8 tokens' int32 sums converted, stored and reduced to
-// one vector a query head). Rates are in cycles of the clock measured by a
-// dependent scalar add chain in the same run; each figure is also given as
-// a ratio to the port bound. docs/BENCHMARKS.md ("An AVX2 core's floor for
-// the int16 kernels") reads it.
+// What an AVX2 core can do for the int16 attention kernels: vector-pipe
+// throughput of the instructions they are made of; one 4-bit key token
+// (head_dim 128, 4 query heads of a KV head: 32 vpmaddwd + 32 vpaddd, 8
+// vpshufb, 8 unpacks) in three forms: its operations alone in registers
+// (the port bound), a standalone token loop over real rows, and that loop
+// with the kernel's tile epilogue (8 tokens' int32 sums converted, stored
+// and reduced to one vector a query head); and, in registers, a 3-bit key
+// token and a 4- and 3-bit value token (the value kernel's share of a
+// token), so that k4_v4 and k3_v3 have a floor for a token and KV head.
+// Rates are in cycles of the clock measured by a dependent scalar add chain
+// in the same run; the 4-bit key figures are also given as a ratio to its
+// port bound. docs/BENCHMARKS.md ("An AVX2 core's floor for the int16
+// kernels") reads it.
 //
 //   build/release/bench/avx2_floor [--json]   (x86-64 builds only)
 #include <immintrin.h>
@@ -19,6 +22,11 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+// The value tokens' broadcast source (zeros; C linkage for the asm).
+extern "C" {
+alignas(64) int32_t tq_floor_w[16];
+}
 
 namespace {
 
@@ -55,7 +63,8 @@ double ClockHz() {
     " %%ymm15,%%ymm3,%%ymm3\n\t" I " %%ymm15,%%ymm4,%%ymm4\n\t" I " %%ymm15,%%ymm5,%%ymm5\n\t" I              \
     " %%ymm15,%%ymm6,%%ymm6\n\t" I " %%ymm15,%%ymm7,%%ymm7\n\t" I " %%ymm15,%%ymm8,%%ymm8\n\t" I              \
     " %%ymm15,%%ymm9,%%ymm9\n\t" I " %%ymm15,%%ymm10,%%ymm10\n\t" I " %%ymm15,%%ymm11,%%ymm11\n\t"
-#define TQ_CLOBBER "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11"
+#define TQ_CLOBBER \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14"
 
 // Seconds per iteration of an asm body (12 independent registers, ymm15 the
 // shared operand; all zeroed first, so no float operand is a denormal).
@@ -84,6 +93,66 @@ double ClockHz() {
       TQ_Q("vpshufb", 8, 9, 10, 11) TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpunpckhbw", 0, 1, 2, 3)               \
           TQ_Q("vpmaddwd", 8, 9, 10, 11) TQ_Q("vpand", 4, 5, 6, 7) TQ_Q("vpaddd", 0, 1, 2, 3) TQ_CV(8, 9)   \
               TQ_CV(10, 11)
+
+// A value token (half a pair of tokens of the kernel's pair loops, which
+// sum c_t w_t + c_t+1 w_t+1 in an int32 lane) and a 3-bit key or value
+// token, the same way. A value pass broadcasts each query row's int16 weight
+// pair from memory (vpbroadcastd, 16 a token): those stay memory operands,
+// read from an L1-resident buffer.
+#define TQ_P(I, a, b) TQ_R(I, a) TQ_R(I, b)
+#define TQ_SRL13(a, b, c, d)                                                                            \
+  "vpsrlw $13,%%ymm" #a ",%%ymm" #a "\n\tvpsrlw $13,%%ymm" #b ",%%ymm" #b "\n\tvpsrlw $13,%%ymm" #c      \
+  ",%%ymm" #c "\n\tvpsrlw $13,%%ymm" #d ",%%ymm" #d "\n\t"
+#define TQ_SRL4P(a, b) "vpsrlw $4,%%ymm" #a ",%%ymm" #a "\n\tvpsrlw $4,%%ymm" #b ",%%ymm" #b "\n\t"
+#define TQ_BC(r) "vpbroadcastd tq_floor_w(%%rip),%%ymm" #r "\n\t"
+#define TQ_BC4(a, b, c, d) TQ_BC(a) TQ_BC(b) TQ_BC(c) TQ_BC(d)
+// The 3-bit key token (112): per chunk of 32 codes two byte gathers
+// (vpshufb), two vpmullw and two vpsrlw moving each code to the bottom of
+// an int16 lane, a vpackuswb to bytes, then the 4-bit token's lookups and
+// multiply-adds.
+#define TQ_TOKEN3 \
+  TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_Q("vpshufb", 8, 9, 10, 11) \
+  TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_SRL13(8, 9, 10, 11) \
+  TQ_Q("vpmullw", 0, 1, 2, 3) TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpmaddwd", 8, 9, 10, 11) \
+  TQ_Q("vpshufb", 0, 1, 2, 3) TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpmaddwd", 8, 9, 10, 11) TQ_CV(0, 1) \
+  TQ_CV(2, 3) TQ_Q("vpackuswb", 4, 5, 6, 7) TQ_Q("vpunpckhbw", 8, 9, 10, 11) \
+  TQ_Q("vpunpcklbw", 0, 1, 2, 3) TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpmaddwd", 8, 9, 10, 11) \
+  TQ_Q("vpshufb", 0, 1, 2, 3) TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpmaddwd", 8, 9, 10, 11) \
+  TQ_SRL13(0, 1, 2, 3) TQ_Q("vpmullw", 4, 5, 6, 7) TQ_Q("vpaddd", 8, 9, 10, 11) \
+  TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_Q("vpshufb", 4, 5, 6, 7) TQ_Q("vpaddd", 8, 9, 10, 11) \
+  TQ_Q("vpmaddwd", 0, 1, 2, 3)
+// A value token: half a pair of tokens of the value kernel's pair loops
+// (an int32 lane sums c_t w_t + c_t+1 w_t+1) and its share of the staging
+// loop that interleaves the pair's codes. Its 16 weight broadcasts
+// (vpbroadcastd, one a query row, pass and pair) stay memory operands, read
+// from an L1-resident buffer. 4-bit (88 and 16 broadcasts): 32 vpmaddwd,
+// 32 vpaddd, 8 vpshufb and 8 unpacks of the pair loops, 6 nibble masks and
+// shifts, 2 unpacks of the staging loop.
+#define TQ_VTOKEN4 \
+  TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_BC4(12, 13, 14, 12) \
+  TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_Q("vpshufb", 4, 5, 6, 7) \
+  TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_BC4(12, 13, 14, 12) \
+  TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpmaddwd", 8, 9, 10, 11) TQ_Q("vpand", 0, 1, 2, 3) TQ_SRL4P(0, 1) \
+  TQ_P("vpunpcklbw", 2, 3) TQ_Q("vpunpckhbw", 4, 5, 6, 7) TQ_Q("vpunpcklbw", 8, 9, 10, 11) \
+  TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_BC4(12, 13, 14, 12) \
+  TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_Q("vpshufb", 4, 5, 6, 7) \
+  TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_BC4(12, 13, 14, 12) \
+  TQ_Q("vpaddd", 4, 5, 6, 7) TQ_Q("vpmaddwd", 8, 9, 10, 11)
+// 3-bit (112 and 16 broadcasts): the pair loops' 64 multiply-adds, 8
+// vpshufb and 8 unpacks; the staging loop's gathers, vpmullw, vpsrlw and
+// vpackuswb of 4 chunks (as the key token's) and its 4 unpacks.
+#define TQ_VTOKEN3 \
+  TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_BC4(12, 13, 14, 12) \
+  TQ_Q("vpshufb", 8, 9, 10, 11) TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) \
+  TQ_SRL13(8, 9, 10, 11) TQ_Q("vpmullw", 0, 1, 2, 3) TQ_Q("vpunpcklbw", 4, 5, 6, 7) \
+  TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_BC4(12, 13, 14, 12) \
+  TQ_Q("vpshufb", 4, 5, 6, 7) TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3) \
+  TQ_Q("vpackuswb", 4, 5, 6, 7) TQ_Q("vpunpckhbw", 8, 9, 10, 11) TQ_Q("vpaddd", 0, 1, 2, 3) \
+  TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_BC4(12, 13, 14, 12) TQ_Q("vpshufb", 8, 9, 10, 11) \
+  TQ_Q("vpaddd", 0, 1, 2, 3) TQ_Q("vpmaddwd", 4, 5, 6, 7) TQ_SRL13(8, 9, 10, 11) \
+  TQ_Q("vpmullw", 0, 1, 2, 3) TQ_Q("vpunpcklbw", 4, 5, 6, 7) TQ_Q("vpaddd", 8, 9, 10, 11) \
+  TQ_Q("vpmaddwd", 0, 1, 2, 3) TQ_BC4(12, 13, 14, 12) TQ_Q("vpshufb", 4, 5, 6, 7) \
+  TQ_Q("vpaddd", 8, 9, 10, 11) TQ_Q("vpmaddwd", 0, 1, 2, 3)
 
 alignas(64) int16_t g_q16[4][128];
 
@@ -173,7 +242,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "avx2_floor: this CPU has no AVX2/FMA; nothing to measure\n");
     return 2;
   }
-  std::fprintf(stderr, "avx2_floor: measuring (about 6 s)\n");
+  std::fprintf(stderr, "avx2_floor: measuring (about 9 s)\n");
   const double hz = ClockHz();
   std::vector<Result> res;
   auto instr = [&](const char* name, double s, int ops) {
@@ -184,8 +253,18 @@ int main(int argc, char** argv) {
   instr("vpshufb", TQ_TIME(TQ_OP12("vpshufb")), 12);
   instr("vfmadd231ps", TQ_TIME(TQ_OP12("vfmadd231ps")), 12);
   instr("vpmaddwd+vpaddd", TQ_TIME(TQ_OP12("vpmaddwd") TQ_OP12("vpaddd")), 24);
+  instr("vpmullw", TQ_TIME(TQ_OP12("vpmullw")), 12);
+  instr("vpbroadcastd from memory", TQ_TIME(TQ_BC4(0, 1, 2, 3) TQ_BC4(4, 5, 6, 7) TQ_BC4(8, 9, 10, 11)), 12);
   const double bound = TQ_TIME(TQ_TOKEN) * hz;
   res.push_back({"4-bit key token, operations in registers (port bound)", bound, 88.0 / bound, 1.0});
+  const double k3 = TQ_TIME(TQ_TOKEN3) * hz;
+  res.push_back({"3-bit key token, in registers", k3, 112.0 / k3, 0.0});
+  const double v4 = TQ_TIME(TQ_VTOKEN4) * hz;
+  res.push_back({"4-bit value token, in registers (+16 broadcasts)", v4, 88.0 / v4, 0.0});
+  const double v3 = TQ_TIME(TQ_VTOKEN3) * hz;
+  res.push_back({"3-bit value token, in registers (+16 broadcasts)", v3, 112.0 / v3, 0.0});
+  res.push_back({"k4_v4 token and KV head (key + value tokens)", bound + v4, 0.0, 0.0});
+  res.push_back({"k3_v3 token and KV head (key + value tokens)", k3 + v3, 0.0, 0.0});
 
   std::srand(1);
   for (auto& row : g_q16) {
