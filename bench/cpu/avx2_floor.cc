@@ -94,11 +94,8 @@ double ClockHz() {
           TQ_Q("vpmaddwd", 8, 9, 10, 11) TQ_Q("vpand", 4, 5, 6, 7) TQ_Q("vpaddd", 0, 1, 2, 3) TQ_CV(8, 9)   \
               TQ_CV(10, 11)
 
-// A value token (half a pair of tokens of the kernel's pair loops, which
-// sum c_t w_t + c_t+1 w_t+1 in an int32 lane) and a 3-bit key or value
-// token, the same way. A value pass broadcasts each query row's int16 weight
-// pair from memory (vpbroadcastd, 16 a token): those stay memory operands,
-// read from an L1-resident buffer.
+// Pieces of the 3-bit key token and the value tokens below: two operations,
+// immediate shifts, and broadcasts from memory (tq_floor_w, L1-resident).
 #define TQ_P(I, a, b) TQ_R(I, a) TQ_R(I, b)
 #define TQ_SRL13(a, b, c, d)                                                                            \
   "vpsrlw $13,%%ymm" #a ",%%ymm" #a "\n\tvpsrlw $13,%%ymm" #b ",%%ymm" #b "\n\tvpsrlw $13,%%ymm" #c      \
