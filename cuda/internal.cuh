@@ -1,5 +1,5 @@
 // Internal to tq_cuda: plain parameter structs shared by the host code and
-// the kernels, and the launch entry points (cuda/write.cu, cuda/decode.cu).
+// the kernels, and the launch entry points (cuda/write.cu, cuda/decode.cu, cuda/extend.cu).
 #ifndef TQ_CUDA_INTERNAL_CUH_
 #define TQ_CUDA_INTERNAL_CUH_
 
@@ -92,6 +92,46 @@ cudaError_t DecodeBlocksPerSm(const Layer& layer, int group, int* blocks_per_sm)
 
 cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype,
                          void* out, int out_dtype, const int32_t* block_tables,
+                         const int32_t* seq_lens, void* workspace, cudaStream_t stream);
+
+struct ExtendShape {
+  int batch = 0;
+  int hq = 0;
+  int group = 0;           // query heads per KV head
+  int max_blocks = 0;
+  int total_q = 0;         // query tokens of the batch (rows of q / 32 heads)
+  int wn = 1;              // warps sharing a 16-row block (1, 2, 4): 16 * 4 / wn rows a CTA
+  int tokens_per_cta = 0;  // query tokens a CTA: (16 * 4 / wn) / group
+  int q_tiles = 0;         // CTAs along the query tokens of the longest sequence
+  int splits = 0;
+  int tokens_per_split = 0;  // multiple of 64
+  int window = 0;
+  float scale_log2 = 0.f;    // softmax scale * log2(e)
+  float softcap_log2 = 0.f;  // soft-cap * log2(e); 0 = off
+};
+
+// Dynamic shared memory of an extend CTA (byte offsets; extend.cu).
+struct ExtendSmem {
+  int off_klut = 0, off_vlut = 0;  // pair tables replicated per lane (shared when equal)
+  int off_q = 0;                   // query tile [16 * 4 / wn][D + 8] fp16
+  int off_k = 0, off_v = 0;        // decoded tiles [64][D + 8] fp16
+  int off_ks = 0, off_vs = 0;      // TurboQuant scales [64] f32
+  int off_stage = 0;               // packed rows [2][64] keys then [2][64] values
+  int stage_k = 0, stage_v = 0;    // stage row strides (bytes)
+  int off_merge = 0;               // warps' partials after the loop
+  int bytes = 0;
+};
+ExtendSmem ExtendSmemLayout(const Layer& layer, int wn);
+
+// Workspace layout (bytes, each part 256-aligned): rotated queries fp16
+// [total_q][hq][D]; partial outputs f32 [total_q][hq][splits][D]; partial
+// (max, sum) f32 [total_q][hq][splits][2]. Independent of the history length.
+size_t ExtendWorkspaceBytes(const ExtendShape& s, int D);
+
+cudaError_t ExtendBlocksPerSm(const Layer& layer, int wn, int* blocks_per_sm);
+
+cudaError_t LaunchExtend(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
+                         int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
                          const int32_t* seq_lens, void* workspace, cudaStream_t stream);
 
 }  // namespace tq::cuda::detail

@@ -462,6 +462,29 @@ Result<WriteErrors> DeviceLayer::TakeErrors(void* stream) {
   return w;
 }
 
+namespace {
+// Split-KV grid in whole waves among splits of at least
+// 256 tokens (64-token multiples), the fewest waves x tokens per split,
+// counting 64 tokens of fixed cost a CTA; ties go to fewer splits.
+void ChooseSplits(size_t ctas, size_t capacity, size_t max_seq_len, size_t* splits, size_t* tps) {
+  const size_t max_splits = std::min<size_t>(std::max<size_t>(1, (max_seq_len + 255) / 256), 4096);
+  size_t best = SIZE_MAX;
+  *splits = 1;
+  *tps = (max_seq_len + 63) / 64 * 64;
+  for (size_t cand = 1; cand <= max_splits; ++cand) {
+    const size_t t = ((max_seq_len + cand - 1) / cand + 63) / 64 * 64;
+    const size_t sp = (max_seq_len + t - 1) / t;
+    const size_t waves = (ctas * sp + capacity - 1) / capacity;
+    const size_t cost = waves * (t + 64);
+    if (cost < best) {
+      best = cost;
+      *splits = sp;
+      *tps = t;
+    }
+  }
+}
+}  // namespace
+
 Result<DecodePlan> DeviceLayer::PlanDecode(size_t batch, size_t num_q_heads, size_t max_seq_len) const {
   const Layer& L = impl_->layer;
   if (batch == 0 || batch > 65535) return InvalidArgumentError("PlanDecode: batch must be in 1..65535, got " + Str(batch));
@@ -476,27 +499,13 @@ Result<DecodePlan> DeviceLayer::PlanDecode(size_t batch, size_t num_q_heads, siz
   // ceil(CTAs / (SMs x CTAs per SM)) waves, each as long as one split, so a
   // grid just above a wave takes twice as long as one just below it (first
   // measured on the H200: 640 CTAs of 4 per SM on 132 SMs = 1.21 waves).
-  // Among splits of at least 256 tokens (64-token multiples), take the
-  // fewest waves x tokens per split, counting 64 tokens of fixed cost per
-  // CTA (its tables and merge); ties go to fewer splits.
   const size_t pairs = batch * static_cast<size_t>(L.H);
   int per_sm = 0;
   TQ_CUDA_RETURN(detail::DecodeBlocksPerSm(L, static_cast<int>(num_q_heads / L.H), &per_sm),
                  "PlanDecode: occupancy of the decode kernel");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(std::max(per_sm, 1));
-  const size_t max_splits = std::min<size_t>(std::max<size_t>(1, (max_seq_len + 255) / 256), 4096);
-  size_t splits = 1, tps = 0, best = SIZE_MAX;
-  for (size_t cand = 1; cand <= max_splits; ++cand) {
-    const size_t t = ((max_seq_len + cand - 1) / cand + 63) / 64 * 64;
-    const size_t sp = (max_seq_len + t - 1) / t;
-    const size_t waves = (pairs * sp + capacity - 1) / capacity;
-    const size_t cost = waves * (t + 64);
-    if (cost < best) {
-      best = cost;
-      splits = sp;
-      tps = t;
-    }
-  }
+  size_t splits = 1, tps = 0;
+  ChooseSplits(pairs, capacity, max_seq_len, &splits, &tps);
   DecodePlan p;
   p.splits = splits;
   p.tokens_per_split = tps;
@@ -553,6 +562,135 @@ Status DeviceLayer::PagedDecode(const DecodeArgs& a, void* stream) const {
                                              a.block_tables, a.seq_lens, a.workspace,
                                              static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) return CudaError(e, "decode launch");
+  return Status::Ok();
+}
+
+Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
+                                           size_t max_seq_len) const {
+  const Layer& L = impl_->layer;
+  if (batch == 0 || batch > 65535) return InvalidArgumentError("PlanExtend: batch must be in 1..65535, got " + Str(batch));
+  if (num_q_heads == 0 || num_q_heads % L.H != 0 || num_q_heads / L.H > 8) {
+    return InvalidArgumentError("PlanExtend: num_q_heads (" + Str(num_q_heads) + ") must be a multiple of the " +
+                                Str(L.H) + " KV heads, with 1..8 query heads per KV head");
+  }
+  if (max_seq_len == 0 || max_seq_len > (size_t{1} << 30)) {
+    return InvalidArgumentError("PlanExtend: max_seq_len must be in 1..2^30, got " + Str(max_seq_len));
+  }
+  if (max_q_len == 0 || max_q_len > max_seq_len) {
+    return InvalidArgumentError("PlanExtend: max_q_len must be in 1..max_seq_len (" + Str(max_seq_len) + "), got " +
+                                Str(max_q_len));
+  }
+  if (total_q < max_q_len || total_q > batch * max_q_len || total_q * num_q_heads > (size_t{1} << 31) / 256) {
+    return InvalidArgumentError("PlanExtend: total_q (" + Str(total_q) + ") must be in max_q_len.." +
+                                "batch x max_q_len (" + Str(max_q_len) + ".." + Str(batch * max_q_len) +
+                                ") with total_q x num_q_heads below 2^23");
+  }
+  const size_t group = num_q_heads / L.H;
+  ExtendPlan p;
+  const size_t rows = max_q_len * group;
+  const int wn = rows <= 16 ? 4 : rows <= 32 ? 2 : 1;
+  p.rows_per_cta = 64 / static_cast<size_t>(wn);
+  const size_t tokens_per_cta = p.rows_per_cta / group;
+  p.q_tiles = (max_q_len + tokens_per_cta - 1) / tokens_per_cta;
+  int per_sm = 0;
+  TQ_CUDA_RETURN(detail::ExtendBlocksPerSm(L, wn, &per_sm), "PlanExtend: occupancy of the extend kernel");
+  if (per_sm == 0) return InternalError("PlanExtend: the extend kernel does not fit a multiprocessor");
+  const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(per_sm);
+  ChooseSplits(p.q_tiles * L.H * batch, capacity, max_seq_len, &p.splits, &p.tokens_per_split);
+  detail::ExtendShape s;
+  s.total_q = static_cast<int>(total_q);
+  s.hq = static_cast<int>(num_q_heads);
+  s.splits = static_cast<int>(p.splits);
+  p.workspace_bytes = detail::ExtendWorkspaceBytes(s, L.D);
+  if (max_q_len == 1 && total_q == batch) {
+    TQ_ASSIGN_OR_RETURN(p.decode, PlanDecode(batch, num_q_heads, max_seq_len));
+    p.decode_route = true;
+    p.workspace_bytes = std::max(p.workspace_bytes, p.decode.workspace_bytes);
+  }
+  return p;
+}
+
+Status DeviceLayer::PagedExtend(const ExtendArgs& a, void* stream) const {
+  const Layer& L = impl_->layer;
+  if (!impl_->has_planes) return FailedPreconditionError("PagedExtend: the layer has no planes (BorrowPlanes)");
+  if (a.plan == nullptr) return InvalidArgumentError("PagedExtend: args.plan is required (PlanExtend)");
+  if (!ValidDtype(a.q_dtype) || !ValidDtype(a.out_dtype)) {
+    return InvalidArgumentError("PagedExtend: q and out dtypes must be f32, f16 or bf16");
+  }
+  if (a.q == nullptr || a.out == nullptr || a.cu_seqlens_q == nullptr || a.block_tables == nullptr ||
+      a.seq_lens == nullptr || a.workspace == nullptr) {
+    return InvalidArgumentError(
+        "PagedExtend: q, out, cu_seqlens_q, block_tables, seq_lens and workspace must be device pointers, got null");
+  }
+  Result<ExtendPlan> want = PlanExtend(a.batch, a.num_q_heads, a.total_q, a.max_q_len, a.max_seq_len);
+  if (!want.ok()) return want.status();
+  if (want->splits != a.plan->splits || want->tokens_per_split != a.plan->tokens_per_split ||
+      want->q_tiles != a.plan->q_tiles || want->rows_per_cta != a.plan->rows_per_cta ||
+      want->decode_route != a.plan->decode_route) {
+    return InvalidArgumentError(
+        "PagedExtend: the plan was made for another shape; call PlanExtend(batch, num_q_heads, total_q, max_q_len, "
+        "max_seq_len)");
+  }
+  if (a.workspace_bytes < want->workspace_bytes) {
+    return InvalidArgumentError("PagedExtend: workspace has " + Str(a.workspace_bytes) + " bytes, needs " +
+                                Str(want->workspace_bytes));
+  }
+  if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0) {
+    return InvalidArgumentError("PagedExtend: workspace must be 256-byte aligned and q 16-byte aligned");
+  }
+  if (a.max_blocks_per_seq == 0 || a.max_blocks_per_seq * static_cast<size_t>(L.block_size) < a.max_seq_len ||
+      a.max_blocks_per_seq > INT_MAX) {
+    return InvalidArgumentError("PagedExtend: max_blocks_per_seq (" + Str(a.max_blocks_per_seq) + ") pages of " +
+                                Str(L.block_size) + " tokens must hold max_seq_len (" + Str(a.max_seq_len) + ")");
+  }
+  if (a.window > INT_MAX) return InvalidArgumentError("PagedExtend: window too large");
+  if (!(a.softcap >= 0.f) || !std::isfinite(a.softcap)) {
+    return InvalidArgumentError("PagedExtend: softcap must be finite and >= 0 (0 = off)");
+  }
+  if (a.softcap > 0.f && L.k.mean != nullptr) {
+    // Centered keys drop q·mean from every logit of a query (softmax-
+    // invariant), which the soft-cap's tanh is not.
+    return UnimplementedError("PagedExtend: soft-cap with key means is not supported; use a cache without key means");
+  }
+  const float scale = a.scale > 0.f ? a.scale : 1.0f / std::sqrt(static_cast<float>(L.D));
+  if (!std::isfinite(scale)) return InvalidArgumentError("PagedExtend: scale must be finite");
+  if (a.plan->decode_route && a.softcap == 0.f) {
+    DecodeArgs d;
+    d.q = a.q;
+    d.q_dtype = a.q_dtype;
+    d.out = a.out;
+    d.out_dtype = a.out_dtype;
+    d.batch = a.batch;
+    d.num_q_heads = a.num_q_heads;
+    d.block_tables = a.block_tables;
+    d.max_blocks_per_seq = a.max_blocks_per_seq;
+    d.seq_lens = a.seq_lens;
+    d.max_seq_len = a.max_seq_len;
+    d.scale = scale;
+    d.window = a.window;
+    d.workspace = a.workspace;
+    d.workspace_bytes = a.workspace_bytes;
+    d.plan = &a.plan->decode;
+    return PagedDecode(d, stream);
+  }
+  detail::ExtendShape s;
+  s.batch = static_cast<int>(a.batch);
+  s.hq = static_cast<int>(a.num_q_heads);
+  s.group = static_cast<int>(a.num_q_heads / L.H);
+  s.max_blocks = static_cast<int>(a.max_blocks_per_seq);
+  s.total_q = static_cast<int>(a.total_q);
+  s.wn = static_cast<int>(64 / a.plan->rows_per_cta);
+  s.tokens_per_cta = static_cast<int>(a.plan->rows_per_cta) / s.group;
+  s.q_tiles = static_cast<int>(a.plan->q_tiles);
+  s.splits = static_cast<int>(a.plan->splits);
+  s.tokens_per_split = static_cast<int>(a.plan->tokens_per_split);
+  s.window = static_cast<int>(a.window);
+  s.scale_log2 = scale * 1.4426950408889634f;
+  s.softcap_log2 = a.softcap * 1.4426950408889634f;
+  const cudaError_t e = detail::LaunchExtend(L, s, a.q, DtypeCode(a.q_dtype), a.out, DtypeCode(a.out_dtype),
+                                             a.cu_seqlens_q, a.block_tables, a.seq_lens, a.workspace,
+                                             static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaError(e, "extend launch");
   return Status::Ok();
 }
 

@@ -4,8 +4,12 @@
 # and the joined report. Binaries are built elsewhere (nvcc on the
 # development machine) and carried in $CARRY/bin with the shared libraries
 # they need in $CARRY/lib.
-#   CARRY=.devcarry OUT=/tmp/out bench/cuda/device_run.sh [quick|full|bench|profile]
+#   CARRY=.devcarry OUT=/tmp/out bench/cuda/device_run.sh [quick|full|bench|profile|extend|extend-bench]
 # profile: ncu of one write and one staged decode launch only.
+# extend: the gpu-labelled tests (cuda_test, cuda_extend_test), compute-
+# sanitizer on an extend subset, and the extend grid of the acceptance bars
+# (q_len 4 and 16 at B 16, N 32K; q_len 512 at B 1 and 8, N 32K; q_len 2,048
+# at B 1, N 128K) for ours and SDPA, joined. extend-bench: the grid only.
 set -uo pipefail
 CARRY=${CARRY:-.devcarry}
 OUT=${OUT:-/tmp/tq-gpu-out}
@@ -17,6 +21,46 @@ export PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
 } > "$OUT/tq.log" 2>&1
+if [ "$MODE" = "extend" ] || [ "$MODE" = "extend-bench" ]; then
+  if [ "$MODE" = "extend" ]; then
+    for t in cuda_test cuda_extend_test; do
+      echo "== $t"
+      "$CARRY/bin/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1
+      echo "$t rc=$?"; tail -4 "$OUT/$t.log"
+    done
+    subset='*CudaExtend.*k3_v3_d128*:*CudaExtend.*k8_v4_d64*:*CudaExtend.*k2_v8_d256*:*CudaExtend.*q8_d128*:*CudaExtendGraph*:*CudaExtendArgs*'
+    for tool in memcheck racecheck; do
+      compute-sanitizer --tool $tool --error-exitcode 9 "$CARRY/bin/cuda_extend_test" --gtest_brief=1 \
+        --gtest_filter="$subset" >> "$OUT/cuda_extend_test.log" 2>&1
+      echo "$tool rc=$?"; tail -2 "$OUT/cuda_extend_test.log"
+    done
+  fi
+  P=${PRESETS:-k3_v3,k4_v4}
+  cases=("--batch 16 --context 32768 --q-len 4,16" "--batch 1,8 --context 32768 --q-len 512"
+         "--batch 1 --context 131072 --q-len 2048")
+  i=0
+  for c in "${cases[@]}"; do
+    echo "== extend $c"
+    # shellcheck disable=SC2086
+    "$CARRY/bin/tq_cuda_bench" --presets "$P" $c --reps 7 > "$OUT/tq_ext$i.json" 2>> "$OUT/tq.log"; echo "bench rc=$?"
+    # shellcheck disable=SC2086
+    python3 bench/cuda/sdpa_bench.py $c > "$OUT/sdpa_ext$i.json" 2>> "$OUT/sdpa.log"; echo "sdpa rc=$?"
+    i=$((i + 1))
+  done
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+out = sys.argv[1]
+for kind in ("tq", "sdpa"):
+    parts = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/{kind}_ext*.json"))]
+    merged = dict(parts[0], results=[r for p in parts for r in p["results"]])
+    json.dump(merged, open(f"{out}/{kind}_extend.json", "w"))
+PY
+  grep -E "extend|q_len" "$OUT/tq.log" "$OUT/sdpa.log" | tail -20
+  python3 bench/cuda/report.py "$OUT/tq_extend.json" "$OUT/sdpa_extend.json" --json "$OUT/report_extend.json" \
+    > "$OUT/report_extend.md"
+  cat "$OUT/report_extend.md"
+  exit 0
+fi
 if [ "$MODE" != "profile" ]; then
   echo "== cuda_test"
   "$CARRY/bin/cuda_test" --gtest_brief=1 > "$OUT/cuda_test.log" 2>&1

@@ -1,12 +1,38 @@
 #!/usr/bin/env python3
 """Joins tq_cuda_bench and sdpa_bench JSON into one table (markdown on stdout)
-and one JSON file: per (preset, B, N) our decode time, the faster SDPA backend,
-speedup, KV GB/s and its fraction of the copy bandwidth of the same run.
+and one JSON file: per (preset, B, N, q_len) our decode or extend time, the
+faster SDPA backend, speedup, KV GB/s and its fraction of the copy bandwidth
+of the same run; for extend also TFLOP/s and the workspace bytes.
 
     python3 bench/cuda/report.py tq.json sdpa.json --json out.json
 """
 import argparse
 import json
+
+
+def extend_table(tq, sd, base, out_json):
+    rows = []
+    print(f"device: {tq['device']}; torch {sd['torch']}\n")
+    print("| preset | B | N | q_len | SDPA flash ms | SDPA cuDNN ms | tq ms | speedup vs faster SDPA | tq TFLOP/s | "
+          "workspace bytes | splits | rows/CTA |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in tq["results"]:
+        s = base.get((r["batch"], r["context"], r.get("q_len", 1)), {})
+        cands = [c for c in (s.get("flash_ms"), s.get("cudnn_ms")) if c]
+        best = min(cands) if cands else None
+        sp = best / r["tq_ms"] if best else None
+        fmt = lambda x, m=None: (f"{x:.4f}" + (f" ({m})" if m and m not in ("gqa", "lower_right") else "")) if x \
+            else (m or "-")
+        print(f"| {r['preset']} | {r['batch']} | {r['context']} | {r.get('q_len', 1)} | "
+              f"{fmt(s.get('flash_ms'), s.get('flash_mode'))} | {fmt(s.get('cudnn_ms'), s.get('cudnn_mode'))} | "
+              f"{r['tq_ms']:.4f} | {f'{sp:.2f}x' if sp else '-'} | {r.get('tflops', 0):.1f} | "
+              f"{r.get('workspace_bytes', '-')} | {r['splits']} | {r.get('rows_per_cta', '-')} |")
+        rows.append(dict(r, sdpa_flash_ms=s.get("flash_ms"), sdpa_cudnn_ms=s.get("cudnn_ms"),
+                         sdpa_flash_mode=s.get("flash_mode"), sdpa_cudnn_mode=s.get("cudnn_mode"),
+                         sdpa_best_ms=best, speedup=sp))
+    if out_json:
+        json.dump({"device": tq["device"], "copy_gbps": tq["copy_gbps"], "torch": sd["torch"],
+                   "results": rows}, open(out_json, "w"), indent=1)
 
 
 def main():
@@ -17,14 +43,17 @@ def main():
     a = ap.parse_args()
     tq = json.load(open(a.tq))
     sd = json.load(open(a.sdpa))
-    base = {(r["batch"], r["context"]): r for r in sd["results"]}
+    base = {(r["batch"], r["context"], r.get("q_len", 1)): r for r in sd["results"]}
+    if any(r.get("q_len", 1) > 1 for r in tq["results"]):
+        extend_table(tq, sd, base, a.json)
+        return
     rows = []
     print(f"device: {tq['device']}; copy bandwidth (read+write): ours {tq['copy_gbps']:.0f} GB/s, "
           f"torch {sd['copy_gbps']:.0f} GB/s; torch {sd['torch']}\n")
     print("| preset | B | N | SDPA flash ms | SDPA cuDNN ms | tq ms | speedup vs faster SDPA | tq KV GB/s | % of copy BW | write GB/s (% of copy) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in tq["results"]:
-        s = base.get((r["batch"], r["context"]), {})
+        s = base.get((r["batch"], r["context"], 1), {})
         cands = [s.get("flash_ms"), s.get("cudnn_ms")]
         cands = [c for c in cands if c]
         best = min(cands) if cands else None

@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""torch SDPA decode on fp16 KV (flash and cuDNN backends) and the device copy
-bandwidth, for the same grid as tq_cuda_bench. JSON on stdout, progress on stderr.
+"""torch SDPA decode (or, with --q-len, extend: q_len new queries at the end of
+N tokens) on fp16 KV (flash and cuDNN backends) and the device copy bandwidth,
+for the same grid as tq_cuda_bench. JSON on stdout, progress on stderr.
 
     python3 bench/cuda/sdpa_bench.py --batch 1,8,16,32 --context 4096,32768,131072
+    python3 bench/cuda/sdpa_bench.py --batch 16 --context 32768 --q-len 4,16
+
+Extend masks: the bottom-right causal mask (torch.nn.attention.bias.
+causal_lower_right: query i sees keys <= N - q_len + i), mode "lower_right";
+a backend that refuses it runs unmasked over all N keys (slightly more work),
+mode "nomask".
 
 q [B, Hq, 1, d], k/v [B, Hkv, N, d] fp16, enable_gqa=True (each backend reads
 the KV once); a backend that refuses GQA is run on K/V expanded to Hq heads
@@ -55,6 +62,39 @@ def time_calls(fn, copies, reps=15, inner=10):
     return median(t)
 
 
+def extend_case(B, N, ql, hq, hkv, d, backends):
+    from torch.nn.attention.bias import causal_lower_right
+    kv_bytes = 2 * B * hkv * N * d * 2
+    copies = min(16, max(1, (512 << 20) // kv_bytes + 1))
+    ks = [torch.randn(B, hkv, N, d, dtype=torch.float16, device="cuda") for _ in range(copies)]
+    vs = [torch.randn(B, hkv, N, d, dtype=torch.float16, device="cuda") for _ in range(copies)]
+    q = torch.randn(B, hq, ql, d, dtype=torch.float16, device="cuda")
+    mask = causal_lower_right(ql, N)
+    pairs = B * hq * (ql * (N - ql) + ql * (ql + 1) / 2)
+    row = {"batch": B, "context": N, "q_len": ql, "kv_bytes": kv_bytes, "copies": copies}
+    for name, be in backends:
+        ms, mode = None, None
+        for mname, m in (("lower_right", mask), ("nomask", None)):
+            try:
+                with sdpa_kernel([be]):
+                    def fn(i):
+                        return F.scaled_dot_product_attention(q, ks[i], vs[i], attn_mask=m, enable_gqa=True)
+                    ms = time_calls(fn, copies, reps=9, inner=5)
+                    mode = mname
+                break
+            except Exception as e:
+                mode = f"unavailable: {type(e).__name__}: {str(e)[:120]}"
+        row[f"{name}_ms"] = ms
+        row[f"{name}_mode"] = mode
+        if ms:
+            row[f"{name}_tflops"] = 4.0 * d * pairs / (ms * 1e-3) / 1e12
+    print(f"B={B} N={N} q_len={ql} flash {row.get('flash_ms')} ({row.get('flash_mode')}) "
+          f"cudnn {row.get('cudnn_ms')} ({row.get('cudnn_mode')})", file=sys.stderr)
+    del ks, vs
+    torch.cuda.empty_cache()
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", default="1,8,16,32")
@@ -62,6 +102,7 @@ def main():
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--q-len", default="1", help="query tokens a sequence; 1 = decode")
     args = ap.parse_args()
     hq, hkv, d = args.q_heads, args.kv_heads, args.head_dim
     torch.manual_seed(0)
@@ -69,8 +110,14 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, copy {cbw:.0f} GB/s", file=sys.stderr)
     results = []
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+    q_lens = [int(x) for x in args.q_len.split(",")]
     for B in [int(x) for x in args.batch.split(",")]:
         for N in [int(x) for x in args.context.split(",")]:
+            for ql in q_lens:
+                if ql > 1:
+                    results.append(extend_case(B, N, ql, hq, hkv, d, backends))
+            if q_lens != [1] and 1 not in q_lens:
+                continue
             kv_bytes = 2 * B * hkv * N * d * 2
             copies = min(16, max(1, (512 << 20) // kv_bytes + 1))
             ks = [torch.randn(B, hkv, N, d, dtype=torch.float16, device="cuda") for _ in range(copies)]

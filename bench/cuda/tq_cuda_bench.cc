@@ -1,9 +1,11 @@
-// GPU benchmark of the CUDA backend: paged decode on packed K/V, the write
+// GPU benchmark of the CUDA backend: paged decode (or, with --q-len, paged
+// extend of that many new tokens a sequence) on packed K/V, the write
 // kernel, and the device copy bandwidth, all in one run. Prints JSON (one
 // object) on stdout and a progress line per case on stderr.
 //
 //   tq_cuda_bench --presets k3_v3,k4_v3 --batch 1,8,16,32 --context 4096,32768,131072
-//                 [--q-heads 32] [--kv-heads 8] [--head-dim 128] [--block 16] [--reps 15]
+//                 [--q-len 4,16,512] [--q-heads 32] [--kv-heads 8] [--head-dim 128]
+//                 [--block 16] [--reps 15]
 //
 // Decode time: CUDA events around 10 back-to-back decodes (rotating among
 // several copies of the cache when one copy would fit in L2), median of
@@ -85,12 +87,88 @@ double CopyBandwidth() {
   return 2.0 * n / (Median(t) * 1e-3) / 1e9;
 }
 
+struct ExtendResult {
+  double ms = 0, tflops = 0;
+  ExtendPlan plan;
+};
+
+// Extend of q_len new tokens at the end of each of B sequences of N tokens
+// (the pages hold all N): CUDA events around 10 back-to-back calls rotating
+// among the cache copies' block tables, median of `reps` groups. FLOPs
+// counted: 4 * d per visible (query head, key) pair, causal.
+ExtendResult TimeExtend(const DeviceLayer& layer, size_t B, size_t hq, size_t d, size_t N, size_t ql,
+                        size_t pages_per_seq, size_t copies, const DeviceBuffer& tables, const DeviceBuffer& lens,
+                        int reps, std::mt19937_64& g) {
+  const size_t total_q = B * ql;
+  std::vector<uint16_t> qh(total_q * hq * d);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : qh) x = FloatToHalf(nd(g));
+  Result<DeviceBuffer> dq = DeviceBuffer::Allocate(qh.size() * 2), dout = DeviceBuffer::Allocate(qh.size() * 2);
+  Check(dq.status(), "alloc");
+  Check(dout.status(), "alloc");
+  Check(dq->CopyFromHost(qh.data(), qh.size() * 2), "q");
+  std::vector<int32_t> cu(B + 1);
+  for (size_t b = 0; b <= B; ++b) cu[b] = static_cast<int32_t>(b * ql);
+  Result<DeviceBuffer> dcu = DeviceBuffer::Allocate(cu.size() * 4);
+  Check(dcu.status(), "alloc");
+  Check(dcu->CopyFromHost(cu.data(), cu.size() * 4), "cu");
+  ExtendResult res;
+  Result<ExtendPlan> plan = layer.PlanExtend(B, hq, total_q, ql, N);
+  Check(plan.status(), "plan extend");
+  res.plan = *plan;
+  Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes);
+  Check(ws.status(), "workspace");
+  ExtendArgs a;
+  a.q = dq->data();
+  a.out = dout->data();
+  a.batch = B;
+  a.num_q_heads = hq;
+  a.cu_seqlens_q = static_cast<const int32_t*>(dcu->data());
+  a.total_q = total_q;
+  a.max_q_len = ql;
+  a.max_blocks_per_seq = pages_per_seq;
+  a.seq_lens = static_cast<const int32_t*>(lens.data());
+  a.max_seq_len = N;
+  a.workspace = ws->data();
+  a.workspace_bytes = ws->size();
+  a.plan = &res.plan;
+  auto run = [&](size_t i) {
+    a.block_tables = static_cast<const int32_t*>(tables.data()) + (i % copies) * B * pages_per_seq;
+    Check(layer.PagedExtend(a), "extend");
+  };
+  for (int w = 0; w < 3; ++w) run(w);
+  Check(Synchronize(), "warmup");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  const int inner = 10;
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(e0);
+    for (int i = 0; i < inner; ++i) run(r * inner + i);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    t.push_back(ms / inner);
+  }
+  Check(Synchronize(), "extend");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  res.ms = Median(t);
+  // Visible keys of query i (0-based) of a sequence: N - ql + i + 1.
+  const double pairs = static_cast<double>(B) * hq * (static_cast<double>(ql) * (N - ql) + ql * (ql + 1) / 2.0);
+  res.tflops = 4.0 * d * pairs / (res.ms * 1e-3) / 1e12;
+  return res;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> presets = {"k3_v3", "k4_v3", "k4_v4", "k2_v2"};
   std::vector<size_t> batches = {1, 8, 16, 32}, contexts = {4096, 32768, 131072};
   size_t hq = 32, hkv = 8, d = 128, bs = 16;
+  std::vector<size_t> q_lens;  // empty: decode; else extend with these query tokens a sequence
   int reps = 15;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -114,6 +192,8 @@ int main(int argc, char** argv) {
       d = std::stoul(val());
     } else if (a == "--block") {
       bs = std::stoul(val());
+    } else if (a == "--q-len") {
+      for (auto& x : Split(val())) q_lens.push_back(std::stoul(x));
     } else if (a == "--reps") {
       reps = std::stoi(val());
     } else {
@@ -203,6 +283,30 @@ int main(int argc, char** argv) {
         std::vector<int32_t> lens(B, static_cast<int32_t>(N));
         Result<DeviceBuffer> dl = DeviceBuffer::Allocate(B * 4);
         Check(dl->CopyFromHost(lens.data(), B * 4), "lens");
+        if (!q_lens.empty()) {
+          for (size_t ql : q_lens) {
+            if (ql > N) continue;
+            const ExtendResult r = TimeExtend(*layer, B, hq, d, N, ql, pages_per_seq, copies, *dt, *dl, reps, g);
+            const double gbps = kv_bytes / (r.ms * 1e-3) / 1e9;
+            std::fprintf(stderr,
+                         "%-8s B=%-3zu N=%-7zu q_len=%-5zu extend %.4f ms  %.0f GB/s of KV  %.1f TFLOP/s  "
+                         "(rows/CTA %zu, splits %zu, workspace %zu B, %s)\n",
+                         preset.c_str(), B, N, ql, r.ms, gbps, r.tflops, r.plan.rows_per_cta, r.plan.splits,
+                         r.plan.workspace_bytes, r.plan.decode_route ? "decode route" : "extend kernel");
+            std::printf(
+                "%s{\"preset\":\"%s\",\"batch\":%zu,\"context\":%zu,\"q_len\":%zu,\"q_heads\":%zu,"
+                "\"kv_heads\":%zu,\"head_dim\":%zu,\"block_size\":%zu,\"tq_ms\":%.5f,\"kv_bytes\":%zu,"
+                "\"kv_gbps\":%.1f,\"kv_frac_of_copy\":%.3f,\"tflops\":%.2f,\"write_gbps\":%.1f,"
+                "\"write_frac_of_copy\":%.3f,\"splits\":%zu,\"rows_per_cta\":%zu,\"workspace_bytes\":%zu,"
+                "\"decode_route\":%s}",
+                first ? "" : ",", preset.c_str(), B, N, ql, hq, hkv, d, bs, r.ms, kv_bytes, gbps, gbps / copy_gbps,
+                r.tflops, write_gbps, write_gbps / copy_gbps, r.plan.splits, r.plan.rows_per_cta,
+                r.plan.workspace_bytes, r.plan.decode_route ? "true" : "false");
+            std::fflush(stdout);
+            first = false;
+          }
+          continue;
+        }
         std::vector<uint16_t> qh(B * hq * d);
         std::normal_distribution<float> nd(0.f, 1.f);
         for (auto& x : qh) x = FloatToHalf(nd(g));

@@ -1,6 +1,7 @@
 // CUDA backend (target tq_cuda, CMake option TQ_ENABLE_CUDA): fused
-// quantize-and-write into device pages and fused paged decode attention on
-// packed keys and values.
+// quantize-and-write into device pages, fused paged decode attention and
+// fused paged extend (prefill over compressed history) attention on packed
+// keys and values.
 //
 // Pages on the device have exactly the layout of PagedKVCache
 // (docs/FORMAT.md, "Paged KV layout"), so pages written on the GPU decode on
@@ -23,8 +24,8 @@
 //   GQA ratio (query heads per KV head) 1..8; fp16, bf16 or fp32 queries,
 //   keys/values to write and outputs.
 // Not supported on the GPU: dense, QJL (tq-prod) and split formats, int8
-// values, int-asym keys, soft-cap, dense
-// sink and recent windows (a PagedKVCache has none), prefill.
+// values, int-asym keys, soft-cap in decode (extend has it), dense sink and
+// recent windows (a PagedKVCache has none).
 #ifndef TQ_CUDA_H_
 #define TQ_CUDA_H_
 
@@ -125,6 +126,53 @@ struct DecodeArgs {
   const DecodePlan* plan = nullptr;       // from PlanDecode with the same shape
 };
 
+// Extend (prefill over compressed history): a ragged batch of new query
+// tokens, laid out as FlashAttention's varlen / FlashInfer's ragged
+// queries. Sequence b brings q_len_b = cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+// query tokens (rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and
+// out) and has kv_len_b = seq_lens[b] tokens in its pages, the new ones
+// included (written by WriteSlots before the call, so a chunk sees itself):
+// query i of sequence b sits at position kv_len_b - q_len_b + i and attends
+// to the keys at positions <= its own (with a window W: the last W of them).
+struct ExtendPlan {
+  // Every sequence brings one query token (max_q_len 1, total_q == batch):
+  // PagedExtend runs the decode kernels with `decode` (when no soft-cap is
+  // asked for), which are as fast as PagedDecode because they are it.
+  bool decode_route = false;
+  DecodePlan decode;
+  size_t rows_per_cta = 0;      // query rows (token x GQA head) a CTA: 16, 32 or 64
+  size_t q_tiles = 0;           // CTAs along the longest sequence's queries
+  size_t splits = 0;            // token splits of the history
+  size_t tokens_per_split = 0;
+  size_t workspace_bytes = 0;   // from total_q, num_q_heads and splits; not from the history
+};
+
+struct ExtendArgs {
+  const void* q = nullptr;  // [total_q][num_q_heads][head_dim], q_dtype
+  DType q_dtype = DType::kF16;
+  void* out = nullptr;      // [total_q][num_q_heads][head_dim], out_dtype
+  DType out_dtype = DType::kF16;
+  size_t batch = 0;
+  size_t num_q_heads = 0;
+  // Device [batch + 1], int32: 0 = cu[0] <= cu[1] <= ... <= cu[batch] = total_q.
+  const int32_t* cu_seqlens_q = nullptr;
+  size_t total_q = 0;
+  size_t max_q_len = 0;                   // >= every q_len_b (plans the query tiles)
+  const int32_t* block_tables = nullptr;  // device [batch][max_blocks_per_seq]
+  size_t max_blocks_per_seq = 0;
+  // Device [batch]: q_len_b <= kv_len_b <= max_seq_len. A sequence with
+  // q_len_b > kv_len_b has its first queries at negative positions: they
+  // see no key and their output rows are 0.
+  const int32_t* seq_lens = nullptr;
+  size_t max_seq_len = 0;
+  float scale = 0.0f;    // 0: 1/sqrt(head_dim)
+  float softcap = 0.0f;  // > 0: logits = softcap * tanh(logits / softcap)
+  size_t window = 0;     // > 0: a query sees the last `window` keys up to itself
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  const ExtendPlan* plan = nullptr;  // from PlanExtend with the same shape
+};
+
 // One layer of a paged cache on the device: per-head rotation signs,
 // codebooks and means uploaded once, planes owned or borrowed.
 class DeviceLayer {
@@ -162,6 +210,13 @@ class DeviceLayer {
 
   Result<DecodePlan> PlanDecode(size_t batch, size_t num_q_heads, size_t max_seq_len) const;
   Status PagedDecode(const DecodeArgs& args, void* stream = nullptr) const;
+
+  // Extend attention over the pages (see ExtendArgs). CUDA-graph safe like
+  // PagedDecode: no allocation, no host synchronization; the workspace
+  // depends on total_q, num_q_heads and the plan's splits only.
+  Result<ExtendPlan> PlanExtend(size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
+                                size_t max_seq_len) const;
+  Status PagedExtend(const ExtendArgs& args, void* stream = nullptr) const;
 
   // Whole-plane copies between the device and a host PagedKVCache with the
   // same geometry (same layer formats, block size and pool size).
