@@ -61,6 +61,7 @@ struct WriteCounters {
   unsigned long long non_finite;
   unsigned long long overflow;
   unsigned long long first_bad;  // min token index (ULLONG_MAX: none)
+  unsigned long long bad_pages;  // CopyPages pairs naming a page outside the pool
 };
 
 enum : int { kDtF32 = 0, kDtF16 = 1, kDtBF16 = 2 };
@@ -93,6 +94,12 @@ cudaError_t DecodeBlocksPerSm(const Layer& layer, int group, int* blocks_per_sm)
 cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype,
                          void* out, int out_dtype, const int32_t* block_tables,
                          const int32_t* seq_lens, void* workspace, cudaStream_t stream);
+
+// Copies n (src, dst) pages (device int32 pairs) in every plane of the layer.
+cudaError_t LaunchCopyPages(const Layer& layer, const int32_t* pairs, int n, WriteCounters* counters,
+                            cudaStream_t stream);
+// mean[h][j] = float(sum over t of x[t][h][j] in double / tokens).
+cudaError_t LaunchMeans(const void* x, int dtype, long long tokens, int H, int D, float* mean, cudaStream_t stream);
 
 struct ExtendShape {
   int batch = 0;

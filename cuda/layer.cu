@@ -196,7 +196,9 @@ struct DeviceLayer::Impl {
   DeviceBuffer k_codes, k_meta, v_codes, v_meta;  // owned planes (may be empty)
   DeviceBuffer tables;                             // signs, codebooks, pairs, means
   DeviceBuffer counters;                           // detail::WriteCounters
+  DeviceBuffer means;                              // [2][H][D] f32 of SetMeansFromChunk
   bool has_planes = false;
+  bool written = false;                            // WriteSlots was called
   int sm_count = 0;
 };
 
@@ -365,7 +367,7 @@ Result<DeviceLayer> DeviceLayer::Create(const PagedKVCache& like, size_t layer, 
   TQ_ASSIGN_OR_RETURN(impl->tables, DeviceBuffer::Allocate(std::max<size_t>(blob.size(), 1) * 4));
   TQ_RETURN_IF_ERROR(impl->tables.CopyFromHost(blob.data(), blob.size() * 4));
   TQ_ASSIGN_OR_RETURN(impl->counters, DeviceBuffer::Allocate(sizeof(detail::WriteCounters)));
-  detail::WriteCounters zero{0, 0, 0, ULLONG_MAX};
+  detail::WriteCounters zero{0, 0, 0, ULLONG_MAX, 0};
   TQ_RETURN_IF_ERROR(impl->counters.CopyFromHost(&zero, sizeof(zero)));
   Layer& L = impl->layer;
   L.H = static_cast<int>(H);
@@ -441,6 +443,7 @@ Status DeviceLayer::WriteSlots(const void* k, const void* v, DType dtype, size_t
     return InvalidArgumentError("WriteSlots: k and v must be 16-byte aligned, slot_mapping 8-byte aligned");
   }
   if (tokens > (size_t{1} << 40) / impl_->layer.H) return InvalidArgumentError("WriteSlots: too many tokens");
+  impl_->written = true;
   const cudaError_t e = detail::LaunchWrite(impl_->layer, k, v, DtypeCode(dtype), static_cast<long long>(tokens),
                                             slot_mapping, static_cast<detail::WriteCounters*>(impl_->counters.data()),
                                             static_cast<cudaStream_t>(stream));
@@ -452,14 +455,78 @@ Result<WriteErrors> DeviceLayer::TakeErrors(void* stream) {
   TQ_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "stream synchronize");
   detail::WriteCounters c{};
   TQ_RETURN_IF_ERROR(impl_->counters.CopyToHost(&c, sizeof(c)));
-  detail::WriteCounters zero{0, 0, 0, ULLONG_MAX};
+  detail::WriteCounters zero{0, 0, 0, ULLONG_MAX, 0};
   TQ_RETURN_IF_ERROR(impl_->counters.CopyFromHost(&zero, sizeof(zero)));
   WriteErrors w;
   w.out_of_range_slots = c.out_of_range;
   w.non_finite_inputs = c.non_finite;
   w.scale_overflows = c.overflow;
   w.first_bad_token = c.first_bad == ULLONG_MAX ? -1 : static_cast<int64_t>(c.first_bad);
+  w.bad_page_pairs = c.bad_pages;
   return w;
+}
+
+Status DeviceLayer::CopyBlocks(const int32_t* pairs, size_t n, void* stream) {
+  if (!impl_->has_planes) return FailedPreconditionError("CopyBlocks: the layer has no planes (BorrowPlanes)");
+  if (n == 0) return Status::Ok();
+  if (pairs == nullptr) return InvalidArgumentError("CopyBlocks: pairs must be a device pointer, got null");
+  if (reinterpret_cast<uintptr_t>(pairs) % 4 != 0) return InvalidArgumentError("CopyBlocks: pairs must be 4-byte aligned");
+  if (n > 65535u * 1024u) return InvalidArgumentError("CopyBlocks: at most 67,107,840 pairs a call, got " + Str(n));
+  const cudaError_t e = detail::LaunchCopyPages(impl_->layer, pairs, static_cast<int>(n),
+                                                static_cast<detail::WriteCounters*>(impl_->counters.data()),
+                                                static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaError(e, "page copy launch");
+  return Status::Ok();
+}
+
+Status DeviceLayer::SetMeansFromChunk(const void* k, const void* v, DType dtype, size_t tokens, bool center_keys,
+                                      bool center_values, void* stream) {
+  if (impl_->written) {
+    return FailedPreconditionError(
+        "SetMeansFromChunk: pages were already written without these means; set them before the first WriteSlots");
+  }
+  if (!ValidDtype(dtype)) return InvalidArgumentError("SetMeansFromChunk: dtype must be f32, f16 or bf16");
+  if (tokens == 0 || tokens > (size_t{1} << 31)) {
+    return InvalidArgumentError("SetMeansFromChunk: tokens must be in 1..2^31, got " + Str(tokens));
+  }
+  if ((center_keys && k == nullptr) || (center_values && v == nullptr)) {
+    return InvalidArgumentError("SetMeansFromChunk: k (when center_keys) and v (when center_values) must be device pointers, got null");
+  }
+  Layer& L = impl_->layer;
+  const size_t hd = static_cast<size_t>(L.H) * L.D;
+  if (impl_->means.size() == 0) {
+    TQ_ASSIGN_OR_RETURN(impl_->means, DeviceBuffer::Allocate(2 * hd * 4));
+  }
+  float* km = static_cast<float*>(impl_->means.data());
+  float* vm = km + hd;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (center_keys) {
+    TQ_CUDA_RETURN(detail::LaunchMeans(k, DtypeCode(dtype), static_cast<long long>(tokens), L.H, L.D, km, st),
+                   "key means launch");
+  }
+  if (center_values) {
+    TQ_CUDA_RETURN(detail::LaunchMeans(v, DtypeCode(dtype), static_cast<long long>(tokens), L.H, L.D, vm, st),
+                   "value means launch");
+  }
+  L.k.mean = center_keys ? km : nullptr;
+  L.v.mean = center_values ? vm : nullptr;
+  return Status::Ok();
+}
+
+Status DeviceLayer::GetMeans(std::vector<float>* key_mean, std::vector<float>* value_mean) const {
+  const Layer& L = impl_->layer;
+  const size_t hd = static_cast<size_t>(L.H) * L.D;
+  TQ_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before reading the means");
+  for (int c = 0; c < 2; ++c) {
+    std::vector<float>* out = c == 0 ? key_mean : value_mean;
+    const float* src = c == 0 ? L.k.mean : L.v.mean;
+    if (out == nullptr) continue;
+    out->clear();
+    if (src == nullptr) continue;
+    out->resize(hd);
+    TQ_CUDA_RETURN(cudaMemcpy(out->data(), src, hd * 4, cudaMemcpyDeviceToHost), "copy means to host");
+  }
+  return Status::Ok();
 }
 
 namespace {

@@ -6,7 +6,7 @@
 # they need in $CARRY/lib.
 #   CARRY=.devcarry OUT=/tmp/out bench/cuda/device_run.sh [quick|full|bench|profile|extend|extend-bench]
 # profile: ncu of one write and one staged decode launch only.
-# extend: the gpu-labelled tests (cuda_test, cuda_extend_test), compute-
+# extend: the gpu-labelled tests (cuda_test, cuda_extend_test, cuda_pages_test), compute-
 # sanitizer on an extend subset, and the extend grid of the acceptance bars
 # (q_len 4 and 16 at B 16, N 32K; q_len 512 at B 1 and 8, N 32K; q_len 2,048
 # at B 1, N 128K) for ours and SDPA, joined. extend-bench: the grid only.
@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED=1
 } > "$OUT/tq.log" 2>&1
 if [ "$MODE" = "extend" ] || [ "$MODE" = "extend-bench" ]; then
   if [ "$MODE" = "extend" ]; then
-    for t in cuda_test cuda_extend_test; do
+    for t in cuda_test cuda_extend_test cuda_pages_test; do
       echo "== $t"
       "$CARRY/bin/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1
       echo "$t rc=$?"; tail -4 "$OUT/$t.log"

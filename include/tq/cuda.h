@@ -99,7 +99,8 @@ struct WriteErrors {
   uint64_t non_finite_inputs = 0;   // NaN/Inf in a row: row skipped
   uint64_t scale_overflows = 0;     // a scale beyond fp16: row skipped
   int64_t first_bad_token = -1;     // smallest token index with any error
-  bool ok() const { return out_of_range_slots + non_finite_inputs + scale_overflows == 0; }
+  uint64_t bad_page_pairs = 0;      // CopyBlocks pairs naming a page outside the pool: skipped
+  bool ok() const { return out_of_range_slots + non_finite_inputs + scale_overflows + bad_page_pairs == 0; }
 };
 
 struct DecodePlan {
@@ -207,6 +208,32 @@ class DeviceLayer {
   // Synchronizes the stream, returns the errors counted since the last call
   // and resets the counters.
   Result<WriteErrors> TakeErrors(void* stream = nullptr);
+
+  // Copies whole pages (every plane of this layer): `pairs` is device int32
+  // [n][2] of (source page, destination page), as vLLM's copy_blocks takes.
+  // This is the copy-on-write of a shared, partly filled last page after a
+  // fork or a prefix-cache hit (PagedKVCache::ReserveSlots does the same on
+  // the host); pages shared read-only need no copy, only block tables that
+  // name them. Pairs naming a page outside the pool are skipped and counted
+  // (TakeErrors). Graph-safe.
+  Status CopyBlocks(const int32_t* pairs, size_t n, void* stream = nullptr);
+
+  // Key-bias protection. Sets the layer's centering means to the per-head
+  // means of a prompt chunk k, v ([tokens][num_kv_heads][head_dim] of
+  // `dtype` on the device): for each (head, channel) the sum over the
+  // tokens in order, in double precision, divided by `tokens` and rounded to
+  // float (the CPU cache's rule for its first chunk). From then on the write
+  // kernel subtracts them (keys if center_keys, values if center_values; a
+  // component not centred keeps no mean), decode and extend ignore the key
+  // mean (q·mean is the same for every key of a query: softmax-invariant)
+  // and add the value mean back to the output. Only before the first
+  // WriteSlots: pages written without means would decode wrongly.
+  Status SetMeansFromChunk(const void* k, const void* v, DType dtype, size_t tokens, bool center_keys,
+                           bool center_values, void* stream = nullptr);
+  // The layer's means ([num_kv_heads][head_dim] each; empty when that
+  // component is not centred), e.g. for PagedKVCache::SetMeans of a host
+  // mirror.
+  Status GetMeans(std::vector<float>* key_mean, std::vector<float>* value_mean) const;
 
   Result<DecodePlan> PlanDecode(size_t batch, size_t num_q_heads, size_t max_seq_len) const;
   Status PagedDecode(const DecodeArgs& args, void* stream = nullptr) const;
