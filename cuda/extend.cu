@@ -154,8 +154,10 @@ __device__ __forceinline__ void DequantRow(int dq, uint32_t src, uint32_t lut, c
   }
 }
 
+// CTAs a SM the register allocation aims at: 3 (at most 168 registers a
+// thread) up to head_dim 128; head_dim 256 holds 128 accumulators a thread.
 template <int D>
-__global__ void __launch_bounds__(kExtThreads)
+__global__ void __launch_bounds__(kExtThreads, D <= 128 ? 3 : 1)
     ExtendKernel(Layer L, ExtendShape s, ExtendSmem o, const int32_t* __restrict__ cu_seqlens_q,
                  const int32_t* __restrict__ block_tables, const int32_t* __restrict__ seq_lens,
                  const __half* __restrict__ qrot, float* __restrict__ opart, float* __restrict__ ml) {
@@ -240,10 +242,20 @@ __global__ void __launch_bounds__(kExtThreads)
     for (int c = 0; c < chunks; ++c) CpAsync16(dst + 16 * c, src + 16 * c);
   };
 
-  long long row_cur = 0;
+  // Software pipeline of a thread's row: the packed codes of tile j + 1 are
+  // in flight (cp.async) and the row of tile j + 2 (a block-table load) and
+  // the TurboQuant scale of tile j + 1 are loading while tile j is decoded
+  // and attended.
+  auto scale_of = [&](long long row) -> unsigned short {
+    return c_tq ? __ldg(reinterpret_cast<const unsigned short*>(c_meta + row * c_meta_bytes)) : 0;
+  };
+  long long row_cur = 0, row_next = 0;
+  unsigned short scale_cur = 0;
   if (ntiles > 0) {
     row_cur = row_of(0);
     issue(0, row_cur);
+    scale_cur = scale_of(row_cur);
+    if (ntiles > 1) row_next = row_of(1);
   }
   CpCommit();
 
@@ -287,18 +299,22 @@ __global__ void __launch_bounds__(kExtThreads)
   const uint32_t va = v_s + (ts * tw + (lm & 1) * 8 + l8) * kRowS + (lm >> 1) * 16;
   const bool ktq = L.k.kind == kCompTq, vtq = L.v.kind == kCompTq;
 
+  __syncthreads();  // the pair tables are complete
   for (int j = 0; j < ntiles; ++j) {
-    long long row_next = 0;
+    unsigned short scale_next = 0;
+    long long row_after = 0;
     if (j + 1 < ntiles) {
-      row_next = row_of(j + 1);
       issue(j + 1, row_next);
+      scale_next = scale_of(row_next);
+      if (j + 2 < ntiles) row_after = row_of(j + 2);
     }
     CpCommit();
     CpWait<1>();  // this thread's copies of tile j (and the query tile) landed
-    const uint8_t* meta = c_meta + row_cur * c_meta_bytes;
-    DequantRow<D>(dq, stage_row + (j & 1) * stage_bytes, lut, meta, c_group, dst_row);
-    if (c_tq) scale_out[r] = __half2float(__ldg(reinterpret_cast<const __half*>(meta)));
+    DequantRow<D>(dq, stage_row + (j & 1) * stage_bytes, lut, c_meta + row_cur * c_meta_bytes, c_group, dst_row);
+    if (c_tq) scale_out[r] = __half2float(__ushort_as_half(scale_cur));
     row_cur = row_next;
+    row_next = row_after;
+    scale_cur = scale_next;
     __syncthreads();  // the fp16 tile, its scales and the query tile are complete
 
     const int tb = tile0 + j * kTileN + ts * tw;  // first token this warp scores
@@ -321,21 +337,28 @@ __global__ void __launch_bounds__(kExtThreads)
         }
       }
     }
-    // Key scales, soft-cap, mask; tile maxima of the two rows.
+    // Key scales, soft-cap, mask; tile maxima of the two rows. A tile every
+    // query of the CTA sees whole (inside [lo, hi), at or before the first
+    // query, after the last query's window start) needs no mask.
+    const int tile_lo = tile0 + j * kTileN;
+    const bool whole = tile_lo >= lo && tile_lo + kTileN <= hi && tile_lo + kTileN - 1 <= pos0 &&
+                       (s.window == 0 || tile_lo > pos_last - s.window);
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kTileN / 8; ++n) {
       if (n < nt) {
+        const float2 ks2 = ktq ? *reinterpret_cast<const float2*>(ks_s + ts * tw + 8 * n + 2 * t) : make_float2(1.f, 1.f);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int rel = ts * tw + 8 * n + 2 * t + (e & 1);
-          const int tok = tb + 8 * n + 2 * t + (e & 1);
           float x = sc[n][e];
-          if (ktq) x *= ks_s[rel];
+          if (ktq) x *= (e & 1) ? ks2.y : ks2.x;
           if (s.softcap_log2 > 0.f) x = s.softcap_log2 * tanhf(x / s.softcap_log2);
-          const int p = prow[e >> 1];
-          const bool in = tok >= lo && tok < hi && tok <= p && (s.window == 0 || tok > p - s.window);
-          x = in ? x : -INFINITY;
+          if (!whole) {
+            const int tok = tb + 8 * n + 2 * t + (e & 1);
+            const int p = prow[e >> 1];
+            const bool in = tok >= lo && tok < hi && tok <= p && (s.window == 0 || tok > p - s.window);
+            x = in ? x : -INFINITY;
+          }
           sc[n][e] = x;
           mt[e >> 1] = fmaxf(mt[e >> 1], x);
         }
@@ -364,11 +387,12 @@ __global__ void __launch_bounds__(kExtThreads)
     for (int n = 0; n < kTileN / 8; ++n) {
       if (n < nt) {
         float p[4];
+        const float2 vs2 = vtq ? *reinterpret_cast<const float2*>(vs_s + ts * tw + 8 * n + 2 * t) : make_float2(1.f, 1.f);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           p[e] = Exp2(sc[n][e] - mu[e >> 1]);
           l[e >> 1] += p[e];
-          if (vtq) p[e] *= vs_s[ts * tw + 8 * n + 2 * t + (e & 1)];
+          if (vtq) p[e] *= (e & 1) ? vs2.y : vs2.x;
         }
         pa[n >> 1][(n & 1) * 2] = PackHalf2(p[0], p[1]);
         pa[n >> 1][(n & 1) * 2 + 1] = PackHalf2(p[2], p[3]);

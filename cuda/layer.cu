@@ -530,7 +530,7 @@ Status DeviceLayer::GetMeans(std::vector<float>* key_mean, std::vector<float>* v
 }
 
 namespace {
-// Split-KV grid in whole waves among splits of at least
+// Decode's split-KV grid in whole waves among splits of at least
 // 256 tokens (64-token multiples), the fewest waves x tokens per split,
 // counting 64 tokens of fixed cost a CTA; ties go to fewer splits.
 void ChooseSplits(size_t ctas, size_t capacity, size_t max_seq_len, size_t* splits, size_t* tps) {
@@ -663,7 +663,15 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   TQ_CUDA_RETURN(detail::ExtendBlocksPerSm(L, wn, &per_sm), "PlanExtend: occupancy of the extend kernel");
   if (per_sm == 0) return InternalError("PlanExtend: the extend kernel does not fit a multiprocessor");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(per_sm);
-  ChooseSplits(p.q_tiles * L.H * batch, capacity, max_seq_len, &p.splits, &p.tokens_per_split);
+  // Splits only while the query tiles leave the GPU idle (few query rows:
+  // speculative verification, short chunks): as many as fill one wave, with
+  // at least 256 tokens a split. From 256 x that many tokens of history on,
+  // the splits, and with them the workspace, no longer depend on it.
+  const size_t ctas = p.q_tiles * L.H * batch;
+  size_t splits = ctas >= capacity ? 1 : (capacity + ctas - 1) / ctas;
+  splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
+  p.tokens_per_split = ((max_seq_len + splits - 1) / splits + 63) / 64 * 64;
+  p.splits = (max_seq_len + p.tokens_per_split - 1) / p.tokens_per_split;
   detail::ExtendShape s;
   s.total_q = static_cast<int>(total_q);
   s.hq = static_cast<int>(num_q_heads);

@@ -380,11 +380,15 @@ TEST(CudaExtendPlan, WorkspaceDependsOnQueriesNotHistory) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->splits, 1u);
   EXPECT_EQ(a->workspace_bytes, b->workspace_bytes);
-  // Few query rows: splits fill the GPU, bounded by the split cap (4,096),
-  // not by the history: the workspace stays within rows x splits x (D + 2).
-  Result<ExtendPlan> c = layer->PlanExtend(16, 32, 16 * 4, 4, 131072);
-  ASSERT_TRUE(c.ok());
+  // Few query rows: splits fill one wave of the GPU, independent of the
+  // history once it is long enough; the workspace follows the splits.
+  Result<ExtendPlan> c = layer->PlanExtend(16, 32, 16 * 4, 4, 32768);
+  Result<ExtendPlan> e = layer->PlanExtend(16, 32, 16 * 4, 4, 131072);
+  ASSERT_TRUE(c.ok() && e.ok());
   EXPECT_EQ(c->rows_per_cta, 16u);
+  EXPECT_GT(c->splits, 1u);
+  EXPECT_EQ(c->splits, e->splits);
+  EXPECT_EQ(c->workspace_bytes, e->workspace_bytes);
   EXPECT_LE(c->workspace_bytes, 16 * 4 * 32 * (128 * 2 + c->splits * (128 + 2) * 4) + 3 * 256);
 }
 
