@@ -318,8 +318,6 @@ __global__ void MergeKernel(Layer L, DecodeShape s, const float* __restrict__ op
   out[static_cast<long long>(bh) * D + j] = FromFloat<T>(y);
 }
 
-inline size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
-
 // Launches `kernel` as a programmatic dependent of the previous kernel in
 // the stream (it calls GridDepWait() before reading what that kernel wrote).
 template <typename... P, typename... A>

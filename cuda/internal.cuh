@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "bucket.h"
@@ -66,6 +67,8 @@ struct WriteCounters {
 
 enum : int { kDtF32 = 0, kDtF16 = 1, kDtBF16 = 2 };
 
+inline size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
+
 cudaError_t LaunchWrite(const Layer& layer, const void* k, const void* v, int dtype,
                         long long tokens, const int64_t* slots, WriteCounters* counters,
                         cudaStream_t stream);
@@ -95,11 +98,26 @@ cudaError_t LaunchDecode(const Layer& layer, const DecodeShape& s, const void* q
                          void* out, int out_dtype, const int32_t* block_tables,
                          const int32_t* seq_lens, void* workspace, cudaStream_t stream);
 
+// The decode's entry points of one head_dim (decode.cuh; one translation
+// unit each, generated from cuda/instances.cu.in).
+template <int D>
+cudaError_t DecodeBlocksPerSmD(const Layer& layer, int group, int* blocks_per_sm);
+template <int D>
+cudaError_t LaunchDecodeD(const Layer& layer, const DecodeShape& s, const void* q, int q_dtype, void* out,
+                          int out_dtype, const int32_t* block_tables, const int32_t* seq_lens, void* workspace,
+                          cudaStream_t stream);
+
 // Copies n (src, dst) pages (device int32 pairs) in every plane of the layer.
 cudaError_t LaunchCopyPages(const Layer& layer, const int32_t* pairs, int n, WriteCounters* counters,
                             cudaStream_t stream);
 // mean[h][j] = float(sum over t of x[t][h][j] in double / tokens).
 cudaError_t LaunchMeans(const void* x, int dtype, long long tokens, int H, int D, float* mean, cudaStream_t stream);
+
+// Extend CTA geometry (extend.cuh), shared with the host's layout
+// (extend.cu): warps a CTA and key tokens a tile (one packed row of K or V
+// a thread).
+inline constexpr int kExtWarps = 4;
+inline constexpr int kTileN = 64;
 
 struct ExtendShape {
   int batch = 0;
@@ -140,6 +158,15 @@ cudaError_t ExtendBlocksPerSm(const Layer& layer, int wn, int* blocks_per_sm);
 cudaError_t LaunchExtend(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
                          int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
                          const int32_t* seq_lens, void* workspace, cudaStream_t stream);
+
+// The extend's entry points of one head_dim (extend.cuh; one translation
+// unit each, generated from cuda/instances.cu.in).
+template <int D>
+cudaError_t ExtendBlocksPerSmD(const Layer& layer, int wn, int* blocks_per_sm);
+template <int D>
+cudaError_t LaunchExtendD(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
+                          int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
+                          const int32_t* seq_lens, void* workspace, cudaStream_t stream);
 
 }  // namespace tq::cuda::detail
 

@@ -664,11 +664,12 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   if (per_sm == 0) return InternalError("PlanExtend: the extend kernel does not fit a multiprocessor");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(per_sm);
   // Splits only while the query tiles leave the GPU idle (few query rows:
-  // speculative verification, short chunks): as many as fill one wave, with
-  // at least 256 tokens a split. From 256 x that many tokens of history on,
-  // the splits, and with them the workspace, no longer depend on it.
+  // speculative verification, short chunks): as many as fit one wave (a
+  // partial second wave would double the time), with at least 256 tokens a
+  // split. From 256 x that many tokens of history on, the splits, and with
+  // them the workspace, no longer depend on it.
   const size_t ctas = p.q_tiles * L.H * batch;
-  size_t splits = ctas >= capacity ? 1 : (capacity + ctas - 1) / ctas;
+  size_t splits = std::max<size_t>(1, capacity / ctas);
   splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
   p.tokens_per_split = ((max_seq_len + splits - 1) / splits + 63) / 64 * 64;
   p.splits = (max_seq_len + p.tokens_per_split - 1) / p.tokens_per_split;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "device_common.cuh"
+#include "dispatch.cuh"
 #include "internal.cuh"
 
 namespace tq::cuda::detail {
@@ -73,12 +74,7 @@ cudaError_t LaunchCopyPages(const Layer& layer, const int32_t* pairs, int n, Wri
 }
 
 cudaError_t LaunchMeans(const void* x, int dtype, long long tokens, int H, int D, float* mean, cudaStream_t stream) {
-  switch (dtype) {
-    case kDtF32: return Means<float>(x, tokens, H, D, mean, stream);
-    case kDtF16: return Means<__half>(x, tokens, H, D, mean, stream);
-    case kDtBF16: return Means<__nv_bfloat16>(x, tokens, H, D, mean, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return WithDtype(dtype, [&](auto t) { return Means<typename decltype(t)::type>(x, tokens, H, D, mean, stream); });
 }
 
 }  // namespace tq::cuda::detail

@@ -19,6 +19,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "dispatch.cuh"
 #include "internal.cuh"
 
 namespace tq::cuda::detail {
@@ -685,28 +686,16 @@ cudaError_t Launch(const Layer& L, const void* k, const void* v, long long token
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t LaunchD(const Layer& L, const void* k, const void* v, long long tokens,
-                    const int64_t* slots, WriteCounters* counters, cudaStream_t stream) {
-  switch (L.D) {
-    case 64: return Launch<64, T>(L, k, v, tokens, slots, counters, stream);
-    case 128: return Launch<128, T>(L, k, v, tokens, slots, counters, stream);
-    case 256: return Launch<256, T>(L, k, v, tokens, slots, counters, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchWrite(const Layer& layer, const void* k, const void* v, int dtype,
                         long long tokens, const int64_t* slots, WriteCounters* counters,
                         cudaStream_t stream) {
-  switch (dtype) {
-    case kDtF32: return LaunchD<float>(layer, k, v, tokens, slots, counters, stream);
-    case kDtF16: return LaunchD<__half>(layer, k, v, tokens, slots, counters, stream);
-    case kDtBF16: return LaunchD<__nv_bfloat16>(layer, k, v, tokens, slots, counters, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return WithDtype(dtype, [&](auto t) {
+    return WithHeadDim(layer.D, [&](auto d) {
+      return Launch<decltype(d)::value, typename decltype(t)::type>(layer, k, v, tokens, slots, counters, stream);
+    });
+  });
 }
 
 }  // namespace tq::cuda::detail

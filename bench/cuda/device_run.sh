@@ -59,6 +59,17 @@ PY
   python3 bench/cuda/report.py "$OUT/tq_extend.json" "$OUT/sdpa_extend.json" --json "$OUT/report_extend.json" \
     > "$OUT/report_extend.md"
   cat "$OUT/report_extend.md"
+  if [ -n "${PROFILE:-}" ]; then
+    echo "== ncu (one extend launch: q_len 512 at B 1, then q_len 16 at B 16; N 32K, k3_v3)"
+    for c in "--batch 1 --q-len 512" "--batch 16 --q-len 16"; do
+      # shellcheck disable=SC2086
+      ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section SchedulerStats --section InstructionStats --section LaunchStats -k regex:ExtendKernel -c 1 \
+          "$CARRY/bin/tq_cuda_bench" --presets k3_v3 --context 32768 $c --reps 1 > "$OUT/ncu_extend.txt" 2>&1
+      echo "ncu $c rc=$?"
+      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Stall|Executed Ipc A|Dynamic Shared|stalled|spends" "$OUT/ncu_extend.txt" | cut -c1-400 | head -40
+    done
+  fi
   exit 0
 fi
 if [ "$MODE" != "profile" ]; then
