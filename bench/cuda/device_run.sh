@@ -9,7 +9,9 @@
 # extend: the gpu-labelled tests (cuda_test, cuda_extend_test, cuda_pages_test), compute-
 # sanitizer on an extend subset, and the extend grid of the acceptance bars
 # (q_len 4 and 16 at B 16, N 32K; q_len 512 at B 1 and 8, N 32K; q_len 2,048
-# at B 1, N 128K) for ours and SDPA, joined. extend-bench: the grid only.
+# at B 1, N 128K) for ours and SDPA, joined (SANITIZERS="" skips the
+# sanitizer runs; PROFILE=1 adds ncu of two extend launches). extend-bench:
+# the grid only.
 set -uo pipefail
 CARRY=${CARRY:-.devcarry}
 OUT=${OUT:-/tmp/tq-gpu-out}
@@ -23,13 +25,22 @@ export PYTHONUNBUFFERED=1
 } > "$OUT/tq.log" 2>&1
 if [ "$MODE" = "extend" ] || [ "$MODE" = "extend-bench" ]; then
   if [ "$MODE" = "extend" ]; then
+    # Eight gtest shards a binary in parallel: the fp64 oracles run on the
+    # host's cores while the GPU is shared.
     for t in cuda_test cuda_extend_test cuda_pages_test; do
-      echo "== $t"
-      "$CARRY/bin/$t" --gtest_brief=1 > "$OUT/$t.log" 2>&1
-      echo "$t rc=$?"; tail -4 "$OUT/$t.log"
+      echo "== $t (8 shards)"
+      for i in 0 1 2 3 4 5 6 7; do
+        GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i "$CARRY/bin/$t" --gtest_brief=1 > "$OUT/$t.$i.log" 2>&1 &
+      done
+      rc=0
+      for job in $(jobs -p); do wait "$job" || rc=1; done
+      cat "$OUT/$t".?.log > "$OUT/$t.log"; rm -f "$OUT/$t".?.log
+      echo "$t rc=$rc passed=$(grep -h '^\[  PASSED  \]' "$OUT/$t.log" | awk '{s+=$4} END {print s}')" \
+           "failed: $(grep -c '^\[  FAILED  \]' "$OUT/$t.log")"
+      grep -h '^\[  FAILED  \]\|k3_v3 attention-output' "$OUT/$t.log" | head -5
     done
     subset='*CudaExtend.*k3_v3_d128*:*CudaExtend.*k8_v4_d64*:*CudaExtend.*k2_v8_d256*:*CudaExtend.*q8_d128*:*CudaExtendGraph*:*CudaExtendArgs*'
-    for tool in memcheck racecheck; do
+    for tool in ${SANITIZERS-memcheck racecheck}; do
       compute-sanitizer --tool $tool --error-exitcode 9 "$CARRY/bin/cuda_extend_test" --gtest_brief=1 \
         --gtest_filter="$subset" >> "$OUT/cuda_extend_test.log" 2>&1
       echo "$tool rc=$?"; tail -2 "$OUT/cuda_extend_test.log"
