@@ -369,6 +369,75 @@ TEST(CudaExtendGraph, CapturedExtendReplaysToTheDirectResult) {
   cudaStreamDestroy(st);
 }
 
+// A three-layer cache whose boundary layers use int8 keys (k8_v4) and whose
+// middle layer uses k3_v3: one DeviceLayer a layer, one block table for
+// all, the extend of each layer matches the oracle on that layer's pages.
+TEST(CudaExtendLayers, BoundaryLayersAtHigherPrecision) {
+  REQUIRE_GPU();
+  const size_t L = 3, H = 2, D = 128, bs = 16, G = 4, hq = H * G;
+  PagedKVCacheConfig cfg;
+  cfg.shape = {L, H, D};
+  cfg.block_size = bs;
+  cfg.num_blocks = 64;
+  cfg.preset = "k3_v3";
+  cfg.policy.seed = 7;
+  cfg.policy.dense_first_layers = 1;
+  cfg.policy.dense_last_layers = 1;
+  cfg.policy.boundary_preset = "k8_v4";
+  Result<PagedKVCache> cpu = PagedKVCache::Create(cfg);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  const std::vector<SeqShape> shapes = {{600, 40}, {90, 90}};
+  Seqs s = Reserve({&*cpu}, {600, 90}, false);
+  const size_t T = s.slots.size();
+  DeviceBuffer ds = Upload(s.slots.data(), T * 8);
+  Queries q = MakeQueries(shapes, hq, D, DType::kF16, 5);
+  for (size_t layer = 0; layer < L; ++layer) {
+    Result<DeviceLayer> dl = DeviceLayer::Create(*cpu, layer);
+    ASSERT_TRUE(dl.ok()) << dl.status().ToString();
+    std::vector<float> k = Rows(T * H, D, 10 + layer), v = Rows(T * H, D, 20 + layer);
+    std::vector<uint8_t> kb = ToDtype(k, DType::kF16), vb = ToDtype(v, DType::kF16);
+    DeviceBuffer dk = Upload(kb.data(), kb.size()), dv = Upload(vb.data(), vb.size());
+    ASSERT_TRUE(dl->WriteSlots(dk.data(), dv.data(), DType::kF16, T, static_cast<const int64_t*>(ds.data())).ok());
+    ASSERT_TRUE(dl->CopyToHost(*cpu, layer).ok());
+    Result<ExtendPlan> plan = dl->PlanExtend(2, hq, q.total_q, q.max_q, q.max_kv);
+    ASSERT_TRUE(plan.ok());
+    Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes), out = DeviceBuffer::Allocate(q.q.size() * 4);
+    ASSERT_TRUE(ws.ok() && out.ok() && out->Fill(0xFF).ok());
+    DeviceBuffer dq = Upload(q.bytes.data(), q.bytes.size()), dcu = Upload(q.cu.data(), q.cu.size() * 4);
+    DeviceBuffer dt = Upload(s.tables.data(), s.tables.size() * 4), dlen = Upload(s.lens.data(), 2 * 4);
+    ExtendArgs a;
+    a.q = dq.data();
+    a.out = out->data();
+    a.out_dtype = DType::kF32;
+    a.batch = 2;
+    a.num_q_heads = hq;
+    a.cu_seqlens_q = static_cast<const int32_t*>(dcu.data());
+    a.total_q = q.total_q;
+    a.max_q_len = q.max_q;
+    a.block_tables = static_cast<const int32_t*>(dt.data());
+    a.max_blocks_per_seq = s.max_blocks;
+    a.seq_lens = static_cast<const int32_t*>(dlen.data());
+    a.max_seq_len = q.max_kv;
+    a.workspace = ws->data();
+    a.workspace_bytes = ws->size();
+    a.plan = &*plan;
+    ASSERT_TRUE(dl->PagedExtend(a).ok());
+    ASSERT_TRUE(Synchronize().ok());
+    const std::vector<float> got = ReadOut(*out, q.q.size(), DType::kF32);
+    const size_t hd = hq * D;
+    for (size_t b = 0; b < shapes.size(); ++b) {
+      const size_t kv = shapes[b].kv_len, ql = shapes[b].q_len;
+      std::vector<float> kk(kv * H * D), vv(kv * H * D);
+      ASSERT_TRUE(cpu->DequantizeForDiagnostics(layer, s.ids[b], kk, vv).ok());
+      std::vector<double> want(ql * hd);
+      ASSERT_TRUE(ref::Attention(std::span<const float>(q.q.data() + q.cu[b] * hd, ql * hd), ql, hq, kk, vv, kv, H, D,
+                                 kv - ql, {}, want).ok());
+      std::vector<float> g(got.begin() + q.cu[b] * hd, got.begin() + q.cu[b + 1] * hd);
+      EXPECT_LE(Nmse(g, std::vector<float>(want.begin(), want.end())), 1e-5) << "layer " << layer << " sequence " << b;
+    }
+  }
+}
+
 TEST(CudaExtendPlan, WorkspaceDependsOnQueriesNotHistory) {
   REQUIRE_GPU();
   PagedKVCache host = MakeCache("k3_v3", 8, 128, 16, 8, false, 1);
