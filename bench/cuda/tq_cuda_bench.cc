@@ -87,6 +87,33 @@ double CopyBandwidth() {
   return 2.0 * n / (Median(t) * 1e-3) / 1e9;
 }
 
+// Milliseconds a call of run(i) takes: `warmup` calls, then `reps` groups
+// of 10 back-to-back calls between CUDA events; the median group's mean.
+// run(i) picks its inputs from i (rotating among cache copies).
+template <typename Run>
+double MedianCallMs(Run&& run, int warmup, int reps, const char* what) {
+  for (int w = 0; w < warmup; ++w) run(static_cast<size_t>(w));
+  Check(Synchronize(), "warmup");
+  cudaEvent_t e0, e1;
+  CheckCu(cudaEventCreate(&e0), "event");
+  CheckCu(cudaEventCreate(&e1), "event");
+  std::vector<double> t;
+  const int inner = 10;
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(e0);
+    for (int i = 0; i < inner; ++i) run(static_cast<size_t>(r * inner + i));
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    t.push_back(ms / inner);
+  }
+  Check(Synchronize(), what);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return Median(t);
+}
+
 struct ExtendResult {
   double ms = 0, tflops = 0;
   ExtendPlan plan;
@@ -136,26 +163,7 @@ ExtendResult TimeExtend(const DeviceLayer& layer, size_t B, size_t hq, size_t d,
     a.block_tables = static_cast<const int32_t*>(tables.data()) + (i % copies) * B * pages_per_seq;
     Check(layer.PagedExtend(a), "extend");
   };
-  for (int w = 0; w < 3; ++w) run(w);
-  Check(Synchronize(), "warmup");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<double> t;
-  const int inner = 10;
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(e0);
-    for (int i = 0; i < inner; ++i) run(r * inner + i);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    t.push_back(ms / inner);
-  }
-  Check(Synchronize(), "extend");
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  res.ms = Median(t);
+  res.ms = MedianCallMs(run, 3, reps, "extend");
   // Visible keys of query i (0-based) of a sequence: N - ql + i + 1.
   const double pairs = static_cast<double>(B) * hq * (static_cast<double>(ql) * (N - ql) + ql * (ql + 1) / 2.0);
   res.tflops = 4.0 * d * pairs / (res.ms * 1e-3) / 1e12;
@@ -331,21 +339,7 @@ int main(int argc, char** argv) {
           a.block_tables = static_cast<const int32_t*>(dt->data()) + (i % copies) * B * pages_per_seq;
           Check(layer->PagedDecode(a), "decode");
         };
-        for (int w = 0; w < 5; ++w) run(w);
-        Check(Synchronize(), "warmup");
-        std::vector<double> t;
-        const int inner = 10;
-        for (int r = 0; r < reps; ++r) {
-          cudaEventRecord(e0);
-          for (int i = 0; i < inner; ++i) run(r * inner + i);
-          cudaEventRecord(e1);
-          cudaEventSynchronize(e1);
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0, e1);
-          t.push_back(ms / inner);
-        }
-        Check(Synchronize(), "decode");
-        const double ms = Median(t);
+        const double ms = MedianCallMs(run, 5, reps, "decode");
         const double gbps = kv_bytes / (ms * 1e-3) / 1e9;
         std::fprintf(stderr,
                      "%-8s B=%-3zu N=%-7zu decode %.4f ms  %.0f GB/s of KV (%.0f%% of copy)  write %.0f GB/s  "
