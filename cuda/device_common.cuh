@@ -214,7 +214,7 @@ __device__ __forceinline__ uint32_t Lut(uint32_t base, const uint32_t (&w)[NW], 
   return r;
 }
 
-// Programmatic dependent launch (sm_90): the decode and merge kernels are
+// Programmatic dependent launch (sm_90): the decode, extend and merge kernels are
 // launched so that they may start while the kernel before them in the
 // stream finishes; GridDepWait() blocks until that kernel has completed and
 // its writes are visible, so nothing it writes (the rotated queries, the
@@ -259,7 +259,8 @@ __device__ __forceinline__ float SignOf(const uint32_t* masks, int j) {
   return ((masks[j >> 5] >> (j & 31)) & 1u) ? -1.f : 1.f;
 }
 
-// q' = scale*log2(e) * (1/D) H D2 H D1 q, one block of D threads per (b, hq).
+// q' = scale*log2(e) * (1/D) H D2 H D1 q, one block of D threads per query row
+// (decode: (sequence, head); extend: (query token, head)).
 template <int D, typename T>
 __global__ void RotateQueries(Layer L, DecodeShape s, const T* __restrict__ q, __half* __restrict__ qrot) {
   __shared__ float sh[D];
@@ -282,13 +283,14 @@ __global__ void RotateQueries(Layer L, DecodeShape s, const T* __restrict__ q, _
   qrot[static_cast<long long>(bh) * D + j] = __float2half_rn(sh[j] * (s.scale_log2 / static_cast<float>(D)));
 }
 
-// Merges the splits of one (b, hq), normalizes, rotates TurboQuant values
-// back (x = D1 H D2 H y / D), adds the value mean.
+// Merges the splits of one query row (as RotateQueries numbers them),
+// normalizes, rotates TurboQuant values back (x = D1 H D2 H y / D), adds the
+// value mean.
 template <int D, typename T>
 __global__ void MergeKernel(Layer L, DecodeShape s, const float* __restrict__ opart,
                             const float* __restrict__ ml, T* __restrict__ out) {
   __shared__ float sh[D];
-  GridDepWait();  // the decode's partials
+  GridDepWait();  // the decode's or extend's partials
   const int bh = blockIdx.x, j = threadIdx.x;
   const int h = (bh % s.hq) / s.group;
   const long long base = static_cast<long long>(bh) * s.splits;
