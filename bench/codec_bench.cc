@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tq/codec.h"
+#include "tq/version.h"
 #include "tq/metrics.h"
 
 namespace {
@@ -76,4 +77,14 @@ BENCHMARK(BM_Decode)->ArgsProduct({{128}, {2, 3, 4}, {0}})->Args({128, 3, 1})->U
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// Google Benchmark's main, with the CPU model and SIMD target in the
+// report's context (every benchmark names the machine it ran on).
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("cpu", tq::CpuModel());
+  benchmark::AddCustomContext("simd_target", tq::ActiveSimdTarget());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

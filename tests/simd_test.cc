@@ -40,6 +40,7 @@
 #include <gtest/gtest.h>
 
 #include "core/plan.h"
+#include "cpu/cpu_features.h"
 #include "cpu/dispatch.h"
 #include "ref/kernels.h"
 #include "tq/codec.h"
@@ -308,6 +309,26 @@ TEST(SimdTest, TargetsAndNames) {
     EXPECT_EQ(cpu::AvailableTargets(), targets);
   });
   EXPECT_EQ(default_name, ActiveSimdTarget());
+}
+
+// The CPU features detected in one place agree with what Highway found
+// (its AVX3_DL target requires AVX-512 VNNI and VBMI), and the model string
+// benchmarks print is readable text with the family and model numbers.
+TEST(SimdTest, HostCpuAgreesWithHighway) {
+  const cpu::CpuFeatures& f = cpu::HostCpu();
+  bool avx3_dl = false;
+  for (int64_t t : cpu::AvailableTargets()) avx3_dl |= std::string(cpu::TargetName(t)) == "AVX3_DL";
+  if (avx3_dl) {
+    EXPECT_TRUE(f.avx512_vnni);
+    EXPECT_TRUE(f.avx512_vbmi);
+  }
+  const std::string m = CpuModel();
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(m, f.model);
+  for (char c : m) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "non-printable byte in the CPU model: " << m;
+#if defined(__x86_64__) || defined(__i386__)
+  EXPECT_NE(m.find("(family "), std::string::npos) << m;
+#endif
 }
 
 // The public form (tq bench attention --simd): names in, clear errors out.

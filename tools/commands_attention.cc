@@ -650,6 +650,9 @@ void RegisterBenchAttention(CLI::App& bench) {
     }
     if (a->json) {
       nlohmann::ordered_json j;  // keys in the documented order
+      j["cpu"] = CpuModel();
+      j["simd_target"] = ActiveSimdTarget();
+      j["threads"] = threads;
       j["results"] = nlohmann::ordered_json::array();
       for (const auto& r : rows) {
         j["results"].push_back({{"preset", r.preset}, {"context", r.context}, {"batch", r.batch},
@@ -661,6 +664,7 @@ void RegisterBenchAttention(CLI::App& bench) {
       }
       std::printf("%s\n", j.dump(2).c_str());
     } else {
+      std::printf("%s, SIMD %s\n", CpuModel().c_str(), ActiveSimdTarget());
       std::printf("attention %s: batch %zu, %zu query heads / %zu KV heads, head_dim %zu, %zu thread(s)%s\n",
                   a->mode.c_str(), a->batch, a->q_heads, a->kv_heads, a->head_dim, threads,
                   a->mode == "prefill" ? (", last " + std::to_string(a->chunk) + " queries causal").c_str() : "");

@@ -245,6 +245,7 @@ void RegisterBenchCodec(CLI::App& bench) {
     if (args->json) {
       nlohmann::json j;
       j["codec"] = ToString(spec);
+      j["cpu"] = CpuModel();
       j["simd_target"] = ActiveSimdTarget();
       j["rows"] = rows;
       j["row_bytes"] = codec->row_bytes();
@@ -257,8 +258,8 @@ void RegisterBenchCodec(CLI::App& bench) {
       }
       std::printf("%s\n", j.dump(2).c_str());
     } else {
-      std::printf("codec %s, %zu rows (%zu MiB fp32), %zu B/row, SIMD %s\n", ToString(spec).c_str(),
-                  rows, args->mbytes, codec->row_bytes(), ActiveSimdTarget());
+      std::printf("codec %s, %zu rows (%zu MiB fp32), %zu B/row, %s, SIMD %s\n", ToString(spec).c_str(),
+                  rows, args->mbytes, codec->row_bytes(), CpuModel().c_str(), ActiveSimdTarget());
       Table t({"threads", "encode GB/s", "decode GB/s", "memcpy GB/s", "encode/memcpy"});
       for (const auto& r : res) {
         t.AddRow({std::to_string(r.threads), FmtFixed(r.encode_gbps, 2), FmtFixed(r.decode_gbps, 2),
@@ -283,7 +284,8 @@ void RegisterDemo(CLI::App& app) {
     const size_t dim = 128;
     std::printf("turboquant demo: TurboQuant codecs on %zu uniform random unit vectors, d = %zu\n",
                 args->samples, dim);
-    std::printf("SIMD target: %s, hardware threads: %zu\n\n", ActiveSimdTarget(), HardwareThreads());
+    std::printf("CPU: %s, SIMD target: %s, hardware threads: %zu\n\n", CpuModel().c_str(), ActiveSimdTarget(),
+                HardwareThreads());
     DistortionOptions o;
     o.dim = dim;
     o.samples = args->samples;

@@ -595,6 +595,7 @@ void RunBench(const BenchArgs& a) {
     j["dim"] = d;
     j["threads"] = threads;
     j["qps_queries"] = std::min(a.qps_queries, nq);
+    j["cpu"] = CpuModel();
     j["simd_target"] = ActiveSimdTarget();
     j["scan_simd_target"] = ScanSimdTarget();
     j["results"] = json::array();
@@ -603,8 +604,8 @@ void RunBench(const BenchArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("search bench: %zu x %zu-d base, %zu queries, %zu threads, SIMD %s, fast-scan %s\n", nb,
-              d, nq, threads, ActiveSimdTarget(), ScanSimdTarget());
+  std::printf("search bench: %zu x %zu-d base, %zu queries, %zu threads, %s, SIMD %s, fast-scan %s\n", nb,
+              d, nq, threads, CpuModel().c_str(), ActiveSimdTarget(), ScanSimdTarget());
   std::vector<std::string> header = {"method", "bits", "B/vec", "file B", "build s"};
   for (size_t k : kRecallKs) header.push_back("R@1@" + std::to_string(k));
   for (const char* h : {"R@10@10", "QPS 1t", "QPS all"}) header.push_back(h);

@@ -14,6 +14,10 @@
 namespace tq {
 // Name of the SIMD target the dispatcher picked on this CPU ("AVX3", "AVX2", ...).
 const char* ActiveSimdTarget();
+// This CPU's model (the CPUID brand string with its family and model
+// numbers, e.g. "AMD EPYC (family 25, model 1)"), or "unknown CPU";
+// benchmarks report it.
+std::string CpuModel();
 // SIMD targets compiled into this build that this CPU runs, best first.
 std::vector<std::string> SimdTargets();
 // Restricts every kernel's dispatch to one of SimdTargets() (to compare

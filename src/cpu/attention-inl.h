@@ -36,14 +36,11 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include "attention/internal.h"
+#include "cpu/cpu_features.h"
 #include "ref/kernels.h"
 #include "tq/format.h"
 
@@ -1190,8 +1187,7 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
     z->hi64[i] = z->hi[i % n];
   }
   for (size_t i = 0; i < 32; ++i) z->t16[i] = static_cast<int16_t>(z->lo64[i] | (z->hi64[i] << 8));
-  static const bool vnni = __builtin_cpu_supports("avx512vnni");
-  z->vnni = vnni;
+  z->vnni = HostCpu().avx512_vnni;
 #endif
   z->on = true;
 }
@@ -1357,8 +1353,8 @@ HWY_INLINE hn::Vec<B8> LoadCodes(const uint8_t* p, size_t off, size_t n) {
 
 #if HWY_TARGET == HWY_AVX3_DL
 inline bool CpuHasVnni() {
-  static const bool vnni = __builtin_cpu_supports("avx512vnni");
-  return vnni;
+  static const bool has = HostCpu().avx512_vnni;  // one guarded load a call, as before
+  return has;
 }
 // AVX-512 VNNI (vpdpwssd: the pair products and the add in one instruction).
 // Highway's AVX3_DL attributes name AVX-VNNI, not the AVX-512 form: these
@@ -1474,14 +1470,10 @@ HWY_INLINE __m256i SignMaskAvx2(const uint8_t* p) {
   return _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(static_cast<short>(w)), sel), sel);
 }
 // The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
-// (each kernel re-enters itself with VX = true): CPUID leaf 7 subleaf 1,
-// EAX bit 4, checked once (compilers differ on the builtin's name for it);
-// the AVX2 target runs only where the OS saves YMM state.
+// (each kernel re-enters itself with VX = true); the AVX2 target runs only
+// where the OS saves YMM state.
 inline bool CpuHasAvxVnni() {
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 4) & 1u) != 0;
-  }();
+  static const bool has = HostCpu().avx_vnni;
   return has;
 }
 #endif

@@ -6,6 +6,8 @@
 #endif
 #include "index/fastscan.h"
 
+#include "cpu/cpu_features.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "index/fastscan.cc"  // relative to the src/ include dir
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -37,7 +39,7 @@ void ScanGroups(const ScanArgs& args, const ScanQuery* queries, size_t nq, float
 }
 
 bool DotScanSupported() {
-  static const bool cpu = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  const bool cpu = cpu::HostCpu().avx512_vnni && cpu::HostCpu().avx512_vbmi;
   // The best target dispatched now (a test may force another).
   const int64_t best = static_cast<int64_t>(hwy::SupportedTargets()) & -static_cast<int64_t>(hwy::SupportedTargets());
   return cpu && best == HWY_AVX3_DL;
