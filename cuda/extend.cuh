@@ -7,8 +7,9 @@
 //   1. RotateQueries (device_common.cuh): q' = scale*log2(e) * Π_k q, fp16,
 //      into the workspace, for every (query token, query head).
 //   2. ExtendKernel: one CTA per (query tile, token split, KV head,
-//      sequence). A query tile is 16 * kWm rows, row r = (query token r / G,
-//      head r % G of the KV head's GQA group). Per tile of 64 key tokens:
+//      sequence). A query tile is 64 / wn rows (wn = 1, 2, 4 warps share a
+//      16-row block), row r = (query token r / G, head r % G of the KV
+//      head's GQA group). Per tile of 64 key tokens:
 //      each of the 128 threads copies one packed row (keys: threads 0..63,
 //      values: 64..127) into a two-deep ring of shared-memory stages with
 //      cp.async (the next tile's copy runs while this one is decoded),
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kExtThreads, D <= 128 ? 3 : 1)
   const int tile0 = lo & ~(kTileN - 1);
   const int ntiles = hi > lo ? (hi - tile0 + kTileN - 1) / kTileN : 0;
 
-  // Shared memory (ExtendShape offsets, bytes).
+  // Shared memory (ExtendSmem offsets, bytes).
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   constexpr int kRowS = (D + 8) * 2;  // fp16 tile row stride (bytes): ldmatrix conflict-free
   const uint32_t q_s = sbase + o.off_q, k_s = sbase + o.off_k, v_s = sbase + o.off_v;
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kExtThreads, D <= 128 ? 3 : 1)
   }
   CpCommit();
 
-  // Query tile: rows [0, 16 * kWm) of fp16 rotated queries; invalid rows 0.
+  // Query tile: rows [0, 64 / wn) of fp16 rotated queries; invalid rows 0.
   GridDepWait();  // the rotated queries
   const int rows_cta = 16 * (kExtWarps / wn);
   for (int i = tid; i < rows_cta * (D / 8); i += kExtThreads) {
