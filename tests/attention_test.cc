@@ -32,6 +32,7 @@
 #include "tq/kv_cache.h"
 #include "tq/paged_kv_cache.h"
 #include "tq/random.h"
+#include "simd_targets.h"
 
 namespace tq {
 namespace {
@@ -411,18 +412,11 @@ void RunPrefillCase(const std::string& preset, const KVPolicy& policy, size_t hk
                     const std::string& label);
 
 TEST(AttentionTargets, CoreCasesOnEveryTarget) {
-  struct Restore {
-    ~Restore() { cpu::ForceTarget(0); }
-  } restore;
-  const std::vector<int64_t> targets = cpu::AvailableTargets();
-  ASSERT_FALSE(targets.empty());
   std::printf("targets:");
-  for (int64_t target : targets) std::printf(" %s", cpu::TargetName(target));
+  for (int64_t target : cpu::AvailableTargets()) std::printf(" %s", cpu::TargetName(target));
   std::printf("\n");
-  for (int64_t target : targets) {
-    cpu::ForceTarget(target);
+  testing::ForEachSimdTarget([&](int64_t target) {
     const std::string tname = cpu::TargetName(target);
-    SCOPED_TRACE("target " + tname);
     for (const std::string& preset : kCorePresets) {
       Filled f;
       ASSERT_TRUE(Fill(preset, 2, 128, PolicyOn(), {1, 45, 300}, 77, &f)) << preset;
@@ -464,8 +458,7 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
     RunPrefillCase("k4_v4", PolicyOn(), 2, 8, 128, 50, 7, 3, {}, tname + " prefill");
     RunPrefillCase("kivi4", PolicyOn(), 2, 8, 128, 20, 64, 1, {.window = 37, .threads = 2},
                    tname + " prefill");
-    if (HasFatalFailure()) return;
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------

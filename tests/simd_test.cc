@@ -43,6 +43,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/dispatch.h"
 #include "ref/kernels.h"
+#include "simd_targets.h"
 #include "tq/codec.h"
 #include "tq/format.h"
 #include "tq/random.h"
@@ -51,26 +52,13 @@
 namespace tq {
 namespace {
 
+using testing::ForEachSimdTarget;
+
 // Normalized squared error over a whole batch (the acceptance bound) and for
 // any single row (above the worst case derived at the top of the file).
 constexpr double kBatchNmse = 1e-5;
 constexpr double kRowNmse = 1e-8;
 
-// Runs body once per available target, with that target forced; restores the
-// default dispatch afterwards even if an assertion returns early.
-template <class Body>
-void ForEachTarget(const Body& body) {
-  struct Restore {
-    ~Restore() { cpu::ForceTarget(0); }
-  } restore;
-  const std::vector<int64_t> targets = cpu::AvailableTargets();
-  ASSERT_FALSE(targets.empty());
-  for (const int64_t target : targets) {
-    cpu::ForceTarget(target);
-    SCOPED_TRACE(std::string("target ") + cpu::TargetName(target));
-    body(target);
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Test data.
@@ -303,7 +291,7 @@ TEST(SimdTest, TargetsAndNames) {
   ASSERT_FALSE(targets.empty());
   const std::string default_name = ActiveSimdTarget();
   EXPECT_EQ(default_name, cpu::TargetName(targets.front())) << "dispatch should pick the best";
-  ForEachTarget([&](int64_t target) {
+  ForEachSimdTarget([&](int64_t target) {
     EXPECT_STREQ(ActiveSimdTarget(), cpu::TargetName(target));
     // Forcing must not shrink the list the tests iterate over.
     EXPECT_EQ(cpu::AvailableTargets(), targets);
@@ -382,7 +370,7 @@ TEST(SimdTest, EncodeMatchesReferenceBitForBit) {
           const Rows data = MakeRows(dim, rows, 77 + counter, counter % 4);
           const Codec codec = MustCreate(spec);
           const std::string what = Describe(spec);
-          ForEachTarget([&](int64_t) {
+          ForEachSimdTarget([&](int64_t) {
             std::vector<uint8_t> codes;
             CheckEncode(codec.plan(), data.data, rows, what, &codes);
             if (!::testing::Test::HasFailure()) CheckDecodeAndScore(codec.plan(), codes, rows, spec.stream.seed, what);
@@ -415,7 +403,7 @@ TEST(SimdTest, CrossOptions) {
               const Codec codec = MustCreate(spec);
               const size_t rows = std::min<size_t>(RowsFor(dim, kind), 64);
               const Rows data = MakeRows(dim, rows, 900 + counter, (counter + 1) % 4);
-              ForEachTarget([&](int64_t) {
+              ForEachSimdTarget([&](int64_t) {
                 std::vector<uint8_t> codes;
                 CheckEncode(codec.plan(), data.data, rows, Describe(spec), &codes);
                 if (!::testing::Test::HasFailure()) {
@@ -473,7 +461,7 @@ TEST(SimdTest, FirstBadRowMatchesReference) {
             }
             const std::string label = Describe(spec) + " bad row " + std::to_string(bad_row) +
                                       " case " + std::to_string(what);
-            ForEachTarget([&](int64_t) {
+            ForEachSimdTarget([&](int64_t) {
               std::vector<uint8_t> ref_codes(kRowsN * p.row_bytes);
               const size_t want = ref::EncodeRows(p, data.data, kRowsN, ref_codes.data());
               if (what != 3 || sd == ScaleDtype::kF16) {
@@ -531,7 +519,7 @@ TEST(SimdTest, CraftedTies) {
         }
         const std::string label = "ties dim " + std::to_string(dim) + " bits " +
                                   std::to_string(bits) + " variant " + std::to_string(variant);
-        ForEachTarget([&](int64_t) {
+        ForEachSimdTarget([&](int64_t) {
           // One row alone, and the same row twice plus others (batch paths).
           CheckEncode(p, data.data, 1, label);
           std::vector<float> three(3 * dim);
@@ -652,7 +640,7 @@ TEST(SimdTest, AttentionRotationsMatchReferenceBitForBit) {
       std::vector<float> rot_want(c.dim), sk_want(p.qjl_dim), back_want(c.dim);
       ref::PrepareQuery(p, q, rot_want.data(), p.qjl_dim ? sk_want.data() : nullptr);
       ref::RotateInverse(p, rot_want.data(), back_want.data());
-      ForEachTarget([&](int64_t) {
+      ForEachSimdTarget([&](int64_t) {
         std::vector<float> rot(c.dim), sk(p.qjl_dim), back(c.dim);
         cpu::PrepareQuery(p, q, rot.data(), p.qjl_dim ? sk.data() : nullptr);
         EXPECT_EQ(0, std::memcmp(rot.data(), rot_want.data(), c.dim * 4)) << c.dim << " rotation";
