@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_main.h"
 #include "tq/codec.h"
-#include "tq/version.h"
 #include "tq/metrics.h"
 
 namespace {
@@ -77,14 +77,4 @@ BENCHMARK(BM_Decode)->ArgsProduct({{128}, {2, 3, 4}, {0}})->Args({128, 3, 1})->U
 
 }  // namespace
 
-// Google Benchmark's main, with the CPU model and SIMD target in the
-// report's context (every benchmark names the machine it ran on).
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("cpu", tq::CpuModel());
-  benchmark::AddCustomContext("simd_target", tq::ActiveSimdTarget());
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return tq::bench::RunBenchmarks(argc, argv); }

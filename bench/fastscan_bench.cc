@@ -11,9 +11,9 @@
 
 #include <vector>
 
+#include "bench_main.h"
 #include "index/fastscan.h"
 #include "tq/codec.h"
-#include "tq/version.h"
 #include "tq/random.h"
 
 namespace {
@@ -99,14 +99,4 @@ BENCHMARK(BM_FastScan)
 
 }  // namespace
 
-// Google Benchmark's main, with the CPU model and SIMD target in the
-// report's context (every benchmark names the machine it ran on).
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("cpu", tq::CpuModel());
-  benchmark::AddCustomContext("simd_target", tq::ActiveSimdTarget());
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return tq::bench::RunBenchmarks(argc, argv); }

@@ -608,12 +608,6 @@ __global__ void __launch_bounds__(kNw * 32)
   FinishCta<D, kHp>(ws, smem, s, b, h, split, warp, g, t, opart, ml);
 }
 
-__device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Staged path (block_size a multiple of 16): a tile's 16 rows of a head lie
 // in one page, contiguous in every plane, so each warp streams whole tiles
 // into a ring of shared-memory stages with cp.async (16-byte copies,
@@ -641,10 +635,6 @@ struct Stage {
   // slower (k3_v3 B = 16, N = 32K: 0.1938 vs 0.1905 ms; H100, run 12).
   static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : 4;
 };
-
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
 
 // A lane's part of every tile copy, worked out once per warp: lane copies
 // the 16-byte chunks lane + 32 j of each plane of a tile; the metadata

@@ -214,6 +214,19 @@ __device__ __forceinline__ uint32_t Lut(uint32_t base, const uint32_t (&w)[NW], 
   return r;
 }
 
+// cp.async: 16 bytes global -> shared (L2 only), commit the issued copies
+// as a group, wait until at most N groups are in flight. Volatile: they
+// keep their order among the shared-memory asm loads (Lds*, ldmatrix) that
+// read what they wrote.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 // Programmatic dependent launch (sm_90): the decode, extend and merge kernels are
 // launched so that they may start while the kernel before them in the
 // stream finishes; GridDepWait() blocks until that kernel has completed and

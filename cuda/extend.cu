@@ -23,7 +23,6 @@ ExtendSmem ExtendSmemLayout(const Layer& L, int wn) {
   const int row_s = (D + 8) * 2;
   o.off_q = off;
   off += 16 * (kExtWarps / wn) * row_s;
-  const int tiles_at = off;
   o.off_k = off;
   off += kTileN * row_s;
   o.off_v = off;
@@ -43,7 +42,6 @@ ExtendSmem ExtendSmemLayout(const Layer& L, int wn) {
   // from the start of the query tile on.
   o.off_merge = o.off_q;
   const int merge_end = o.off_merge + kExtWarps * 16 * D * 4 + 2 * kExtWarps * 16 * 4;
-  (void)tiles_at;
   o.bytes = std::max(off, merge_end);
   return o;
 }

@@ -530,6 +530,51 @@ Status DeviceLayer::GetMeans(std::vector<float>* key_mean, std::vector<float>* v
 }
 
 namespace {
+// The checks PagedDecode and PagedExtend share once their plan matched:
+// the workspace (size, 256-byte alignment), q (16-byte alignment), block
+// tables that hold max_seq_len, the window, and the scale (resolved into
+// `scale`: 0 means 1/sqrt(head_dim)). Errors are prefixed with `who`.
+Status CheckCall(const char* who, const Layer& L, size_t workspace_needed, const void* workspace,
+                 size_t workspace_bytes, const void* q, size_t max_blocks_per_seq, size_t max_seq_len,
+                 size_t window, float scale_in, float* scale) {
+  const std::string w = who;
+  if (workspace_bytes < workspace_needed) {
+    return InvalidArgumentError(w + ": workspace has " + Str(workspace_bytes) + " bytes, needs " +
+                                Str(workspace_needed));
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0) {
+    return InvalidArgumentError(w + ": workspace must be 256-byte aligned and q 16-byte aligned");
+  }
+  if (max_blocks_per_seq == 0 || max_blocks_per_seq * static_cast<size_t>(L.block_size) < max_seq_len ||
+      max_blocks_per_seq > INT_MAX) {
+    return InvalidArgumentError(w + ": max_blocks_per_seq (" + Str(max_blocks_per_seq) + ") pages of " +
+                                Str(L.block_size) + " tokens must hold max_seq_len (" + Str(max_seq_len) + ")");
+  }
+  if (window > INT_MAX) return InvalidArgumentError(w + ": window too large");
+  *scale = scale_in > 0.f ? scale_in : 1.0f / std::sqrt(static_cast<float>(L.D));
+  if (!std::isfinite(*scale)) return InvalidArgumentError(w + ": scale must be finite");
+  return Status::Ok();
+}
+
+// Launches a decode whose arguments and plan were checked (PagedDecode, or
+// PagedExtend's one-token route); `scale` is resolved.
+Status LaunchDecodeCall(const Layer& L, const DecodeArgs& a, const DecodePlan& plan, float scale, void* stream) {
+  detail::DecodeShape s;
+  s.batch = static_cast<int>(a.batch);
+  s.hq = static_cast<int>(a.num_q_heads);
+  s.group = static_cast<int>(a.num_q_heads / L.H);
+  s.max_blocks = static_cast<int>(a.max_blocks_per_seq);
+  s.splits = static_cast<int>(plan.splits);
+  s.tokens_per_split = static_cast<int>(plan.tokens_per_split);
+  s.window = static_cast<int>(a.window);
+  s.scale_log2 = scale * 1.4426950408889634f;
+  const cudaError_t e = detail::LaunchDecode(L, s, a.q, DtypeCode(a.q_dtype), a.out, DtypeCode(a.out_dtype),
+                                             a.block_tables, a.seq_lens, a.workspace,
+                                             static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaError(e, "decode launch");
+  return Status::Ok();
+}
+
 // Decode's split-KV grid in whole waves among splits of at least
 // 256 tokens (64-token multiples), the fewest waves x tokens per split,
 // counting 64 tokens of fixed cost a CTA; ties go to fewer splits.
@@ -600,36 +645,10 @@ Status DeviceLayer::PagedDecode(const DecodeArgs& a, void* stream) const {
   if (want->splits != a.plan->splits || want->tokens_per_split != a.plan->tokens_per_split) {
     return InvalidArgumentError("PagedDecode: the plan was made for another shape; call PlanDecode(batch, num_q_heads, max_seq_len)");
   }
-  if (a.workspace_bytes < want->workspace_bytes) {
-    return InvalidArgumentError("PagedDecode: workspace has " + Str(a.workspace_bytes) + " bytes, needs " +
-                                Str(want->workspace_bytes));
-  }
-  if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0) {
-    return InvalidArgumentError("PagedDecode: workspace must be 256-byte aligned and q 16-byte aligned");
-  }
-  if (a.max_blocks_per_seq == 0 || a.max_blocks_per_seq * static_cast<size_t>(L.block_size) < a.max_seq_len ||
-      a.max_blocks_per_seq > INT_MAX) {
-    return InvalidArgumentError("PagedDecode: max_blocks_per_seq (" + Str(a.max_blocks_per_seq) +
-                                ") pages of " + Str(L.block_size) + " tokens must hold max_seq_len (" +
-                                Str(a.max_seq_len) + ")");
-  }
-  if (a.window > INT_MAX) return InvalidArgumentError("PagedDecode: window too large");
-  const float scale = a.scale > 0.f ? a.scale : 1.0f / std::sqrt(static_cast<float>(L.D));
-  if (!std::isfinite(scale)) return InvalidArgumentError("PagedDecode: scale must be finite");
-  detail::DecodeShape s;
-  s.batch = static_cast<int>(a.batch);
-  s.hq = static_cast<int>(a.num_q_heads);
-  s.group = static_cast<int>(a.num_q_heads / L.H);
-  s.max_blocks = static_cast<int>(a.max_blocks_per_seq);
-  s.splits = static_cast<int>(a.plan->splits);
-  s.tokens_per_split = static_cast<int>(a.plan->tokens_per_split);
-  s.window = static_cast<int>(a.window);
-  s.scale_log2 = scale * 1.4426950408889634f;
-  const cudaError_t e = detail::LaunchDecode(L, s, a.q, DtypeCode(a.q_dtype), a.out, DtypeCode(a.out_dtype),
-                                             a.block_tables, a.seq_lens, a.workspace,
-                                             static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) return CudaError(e, "decode launch");
-  return Status::Ok();
+  float scale = 0.f;
+  TQ_RETURN_IF_ERROR(CheckCall("PagedDecode", L, want->workspace_bytes, a.workspace, a.workspace_bytes, a.q,
+                               a.max_blocks_per_seq, a.max_seq_len, a.window, a.scale, &scale));
+  return LaunchDecodeCall(L, a, *a.plan, scale, stream);
 }
 
 Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
@@ -702,24 +721,15 @@ Status DeviceLayer::PagedExtend(const ExtendArgs& a, void* stream) const {
   if (!want.ok()) return want.status();
   if (want->splits != a.plan->splits || want->tokens_per_split != a.plan->tokens_per_split ||
       want->q_tiles != a.plan->q_tiles || want->rows_per_cta != a.plan->rows_per_cta ||
-      want->decode_route != a.plan->decode_route) {
+      want->decode_route != a.plan->decode_route || want->decode.splits != a.plan->decode.splits ||
+      want->decode.tokens_per_split != a.plan->decode.tokens_per_split) {
     return InvalidArgumentError(
         "PagedExtend: the plan was made for another shape; call PlanExtend(batch, num_q_heads, total_q, max_q_len, "
         "max_seq_len)");
   }
-  if (a.workspace_bytes < want->workspace_bytes) {
-    return InvalidArgumentError("PagedExtend: workspace has " + Str(a.workspace_bytes) + " bytes, needs " +
-                                Str(want->workspace_bytes));
-  }
-  if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0) {
-    return InvalidArgumentError("PagedExtend: workspace must be 256-byte aligned and q 16-byte aligned");
-  }
-  if (a.max_blocks_per_seq == 0 || a.max_blocks_per_seq * static_cast<size_t>(L.block_size) < a.max_seq_len ||
-      a.max_blocks_per_seq > INT_MAX) {
-    return InvalidArgumentError("PagedExtend: max_blocks_per_seq (" + Str(a.max_blocks_per_seq) + ") pages of " +
-                                Str(L.block_size) + " tokens must hold max_seq_len (" + Str(a.max_seq_len) + ")");
-  }
-  if (a.window > INT_MAX) return InvalidArgumentError("PagedExtend: window too large");
+  float scale = 0.f;
+  TQ_RETURN_IF_ERROR(CheckCall("PagedExtend", L, want->workspace_bytes, a.workspace, a.workspace_bytes, a.q,
+                               a.max_blocks_per_seq, a.max_seq_len, a.window, a.scale, &scale));
   if (!(a.softcap >= 0.f) || !std::isfinite(a.softcap)) {
     return InvalidArgumentError("PagedExtend: softcap must be finite and >= 0 (0 = off)");
   }
@@ -728,9 +738,7 @@ Status DeviceLayer::PagedExtend(const ExtendArgs& a, void* stream) const {
     // invariant), which the soft-cap's tanh is not.
     return UnimplementedError("PagedExtend: soft-cap with key means is not supported; use a cache without key means");
   }
-  const float scale = a.scale > 0.f ? a.scale : 1.0f / std::sqrt(static_cast<float>(L.D));
-  if (!std::isfinite(scale)) return InvalidArgumentError("PagedExtend: scale must be finite");
-  if (a.plan->decode_route && a.softcap == 0.f) {
+  if (a.plan->decode_route && a.softcap == 0.f) {  // one query a sequence: rows b of q are sequence b's
     DecodeArgs d;
     d.q = a.q;
     d.q_dtype = a.q_dtype;
@@ -742,12 +750,9 @@ Status DeviceLayer::PagedExtend(const ExtendArgs& a, void* stream) const {
     d.max_blocks_per_seq = a.max_blocks_per_seq;
     d.seq_lens = a.seq_lens;
     d.max_seq_len = a.max_seq_len;
-    d.scale = scale;
     d.window = a.window;
     d.workspace = a.workspace;
-    d.workspace_bytes = a.workspace_bytes;
-    d.plan = &a.plan->decode;
-    return PagedDecode(d, stream);
+    return LaunchDecodeCall(L, d, a.plan->decode, scale, stream);
   }
   detail::ExtendShape s;
   s.batch = static_cast<int>(a.batch);

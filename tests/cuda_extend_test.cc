@@ -127,10 +127,10 @@ struct DeviceCall {
 };
 
 // Uploads everything a PagedExtend call needs; out is NaN-poisoned.
-DeviceCall Prepare(const ExtendCase& c, size_t hq, const Filled& f, const Queries& q) {
+DeviceCall Prepare(const ExtendCase& c, size_t hq, const DeviceLayer& layer, const Seqs& seqs, const Queries& q) {
   DeviceCall call;
-  const size_t B = f.seqs.lens.size();
-  Result<ExtendPlan> plan = f.layer.PlanExtend(B, hq, q.total_q, q.max_q, q.max_kv);
+  const size_t B = seqs.lens.size();
+  Result<ExtendPlan> plan = layer.PlanExtend(B, hq, q.total_q, q.max_q, q.max_kv);
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   call.plan = *plan;
   Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes);
@@ -143,8 +143,8 @@ DeviceCall Prepare(const ExtendCase& c, size_t hq, const Filled& f, const Querie
   call.out = std::move(*out);
   EXPECT_TRUE(call.out.Fill(0xFF).ok());  // NaN poison: every element must be written
   call.cu = Upload(q.cu.data(), q.cu.size() * 4);
-  call.tables = Upload(f.seqs.tables.data(), f.seqs.tables.size() * 4);
-  call.lens = Upload(f.seqs.lens.data(), B * 4);
+  call.tables = Upload(seqs.tables.data(), seqs.tables.size() * 4);
+  call.lens = Upload(seqs.lens.data(), B * 4);
   ExtendArgs& a = call.args;
   a.q = call.q.data();
   a.q_dtype = c.qt;
@@ -156,7 +156,7 @@ DeviceCall Prepare(const ExtendCase& c, size_t hq, const Filled& f, const Querie
   a.total_q = q.total_q;
   a.max_q_len = q.max_q;
   a.block_tables = static_cast<const int32_t*>(call.tables.data());
-  a.max_blocks_per_seq = f.seqs.max_blocks;
+  a.max_blocks_per_seq = seqs.max_blocks;
   a.seq_lens = static_cast<const int32_t*>(call.lens.data());
   a.max_seq_len = q.max_kv;
   a.softcap = c.softcap;
@@ -183,8 +183,9 @@ std::vector<size_t> CheckedRows(size_t q_len, size_t max_rows) {
 }
 
 // GPU output vs the fp64 oracle on the CPU-decoded pages, per sequence.
-void ExpectMatchesOracle(const ExtendCase& c, size_t H, const Filled& f, const std::vector<SeqShape>& shapes,
-                         const Queries& q, const std::vector<float>& got, size_t max_rows) {
+void ExpectMatchesOracle(const ExtendCase& c, size_t H, const PagedKVCache& cpu, size_t layer, const Seqs& seqs,
+                         const std::vector<SeqShape>& shapes, const Queries& q, const std::vector<float>& got,
+                         size_t max_rows) {
   const size_t hq = H * c.gqa, d = c.d;
   AttentionOptions o;
   o.window = c.window;
@@ -193,7 +194,7 @@ void ExpectMatchesOracle(const ExtendCase& c, size_t H, const Filled& f, const s
     const size_t kv = shapes[b].kv_len, ql = shapes[b].q_len;
     if (ql == 0) continue;
     std::vector<float> k(kv * H * d), v(kv * H * d);
-    ASSERT_TRUE(f.cpu.DequantizeForDiagnostics(0, f.seqs.ids[b], k, v).ok());
+    ASSERT_TRUE(cpu.DequantizeForDiagnostics(layer, seqs.ids[b], k, v).ok());
     std::vector<float> gb, wb;
     for (size_t i : CheckedRows(ql, max_rows)) {
       const size_t row = static_cast<size_t>(q.cu[b]) + i;
@@ -206,7 +207,7 @@ void ExpectMatchesOracle(const ExtendCase& c, size_t H, const Filled& f, const s
       }
     }
     EXPECT_LE(Nmse(gb, wb), 1e-5) << c.preset << " d" << d << " gqa" << c.gqa << " bs" << c.bs << " window "
-                                  << c.window << " softcap " << c.softcap << " sequence " << b << " (kv_len " << kv
+                                  << c.window << " softcap " << c.softcap << " layer " << layer << " sequence " << b << " (kv_len " << kv
                                   << ", q_len " << ql << ")";
   }
 }
@@ -215,12 +216,12 @@ void RunCase(const ExtendCase& c, size_t H, const std::vector<SeqShape>& shapes,
   Filled f = Fill(c, H, shapes, seed);
   const size_t hq = H * c.gqa;
   Queries q = MakeQueries(shapes, hq, c.d, c.qt, seed + 7);
-  DeviceCall call = Prepare(c, hq, f, q);
+  DeviceCall call = Prepare(c, hq, f.layer, f.seqs, q);
   const Status st = f.layer.PagedExtend(call.args);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ASSERT_TRUE(Synchronize().ok());
   const std::vector<float> got = ReadOut(call.out, q.q.size(), c.ot);
-  ExpectMatchesOracle(c, H, f, shapes, q, got, max_rows);
+  ExpectMatchesOracle(c, H, f.cpu, 0, f.seqs, shapes, q, got, max_rows);
 }
 
 class CudaExtend : public ::testing::TestWithParam<ExtendCase> {};
@@ -292,7 +293,7 @@ TEST(CudaExtendDecodeRoute, OneTokenEachIsTheDecode) {
   const size_t H = 2, hq = H * c.gqa;
   Filled f = Fill(c, H, shapes, 81);
   Queries q = MakeQueries(shapes, hq, c.d, c.qt, 82);
-  DeviceCall call = Prepare(c, hq, f, q);
+  DeviceCall call = Prepare(c, hq, f.layer, f.seqs, q);
   ASSERT_TRUE(call.plan.decode_route);
   ASSERT_TRUE(f.layer.PagedExtend(call.args).ok());
   ASSERT_TRUE(Synchronize().ok());
@@ -317,14 +318,14 @@ TEST(CudaExtendDecodeRoute, OneTokenEachIsTheDecode) {
   ASSERT_TRUE(Synchronize().ok());
   const std::vector<float> dec = ReadOut(*dout, q.q.size(), c.ot);
   EXPECT_EQ(std::memcmp(ext.data(), dec.data(), ext.size() * 4), 0);
-  ExpectMatchesOracle(c, H, f, shapes, q, ext, 48);
+  ExpectMatchesOracle(c, H, f.cpu, 0, f.seqs, shapes, q, ext, 48);
 
   c.softcap = 20.0f;
   call.args.softcap = c.softcap;
   ASSERT_TRUE(call.out.Fill(0xFF).ok());
   ASSERT_TRUE(f.layer.PagedExtend(call.args).ok());
   ASSERT_TRUE(Synchronize().ok());
-  ExpectMatchesOracle(c, H, f, shapes, q, ReadOut(call.out, q.q.size(), c.ot), 48);
+  ExpectMatchesOracle(c, H, f.cpu, 0, f.seqs, shapes, q, ReadOut(call.out, q.q.size(), c.ot), 48);
 }
 
 // Captured on a stream of its own, the extend replays to the direct call's
@@ -336,7 +337,7 @@ TEST(CudaExtendGraph, CapturedExtendReplaysToTheDirectResult) {
   const size_t H = 8, hq = H * c.gqa;
   Filled f = Fill(c, H, shapes, 91);
   Queries q0 = MakeQueries(shapes, hq, c.d, c.qt, 92), q1 = MakeQueries(shapes, hq, c.d, c.qt, 93);
-  DeviceCall call = Prepare(c, hq, f, q0);
+  DeviceCall call = Prepare(c, hq, f.layer, f.seqs, q0);
   const size_t n = q0.q.size();
   Result<DeviceBuffer> direct = DeviceBuffer::Allocate(n * 4);
   ASSERT_TRUE(direct.ok());
@@ -363,7 +364,7 @@ TEST(CudaExtendGraph, CapturedExtendReplaysToTheDirectResult) {
     ASSERT_EQ(std::memcmp(g.data(), d.data(), n * 4), 0);
     ASSERT_TRUE(std::all_of(d.begin(), d.end(), [](float x) { return std::isfinite(x); }));
   }
-  ExpectMatchesOracle(c, H, f, shapes, q1, ReadOut(call.out, n, DType::kF32), 48);
+  ExpectMatchesOracle(c, H, f.cpu, 0, f.seqs, shapes, q1, ReadOut(call.out, n, DType::kF32), 48);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
@@ -399,42 +400,11 @@ TEST(CudaExtendLayers, BoundaryLayersAtHigherPrecision) {
     DeviceBuffer dk = Upload(kb.data(), kb.size()), dv = Upload(vb.data(), vb.size());
     ASSERT_TRUE(dl->WriteSlots(dk.data(), dv.data(), DType::kF16, T, static_cast<const int64_t*>(ds.data())).ok());
     ASSERT_TRUE(dl->CopyToHost(*cpu, layer).ok());
-    Result<ExtendPlan> plan = dl->PlanExtend(2, hq, q.total_q, q.max_q, q.max_kv);
-    ASSERT_TRUE(plan.ok());
-    Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes), out = DeviceBuffer::Allocate(q.q.size() * 4);
-    ASSERT_TRUE(ws.ok() && out.ok() && out->Fill(0xFF).ok());
-    DeviceBuffer dq = Upload(q.bytes.data(), q.bytes.size()), dcu = Upload(q.cu.data(), q.cu.size() * 4);
-    DeviceBuffer dt = Upload(s.tables.data(), s.tables.size() * 4), dlen = Upload(s.lens.data(), 2 * 4);
-    ExtendArgs a;
-    a.q = dq.data();
-    a.out = out->data();
-    a.out_dtype = DType::kF32;
-    a.batch = 2;
-    a.num_q_heads = hq;
-    a.cu_seqlens_q = static_cast<const int32_t*>(dcu.data());
-    a.total_q = q.total_q;
-    a.max_q_len = q.max_q;
-    a.block_tables = static_cast<const int32_t*>(dt.data());
-    a.max_blocks_per_seq = s.max_blocks;
-    a.seq_lens = static_cast<const int32_t*>(dlen.data());
-    a.max_seq_len = q.max_kv;
-    a.workspace = ws->data();
-    a.workspace_bytes = ws->size();
-    a.plan = &*plan;
-    ASSERT_TRUE(dl->PagedExtend(a).ok());
+    const ExtendCase c{"k3_v3 with k8_v4 boundary layers", D, G, bs, 0, 0.0f, false, DType::kF16, DType::kF32};
+    DeviceCall call = Prepare(c, hq, *dl, s, q);
+    ASSERT_TRUE(dl->PagedExtend(call.args).ok());
     ASSERT_TRUE(Synchronize().ok());
-    const std::vector<float> got = ReadOut(*out, q.q.size(), DType::kF32);
-    const size_t hd = hq * D;
-    for (size_t b = 0; b < shapes.size(); ++b) {
-      const size_t kv = shapes[b].kv_len, ql = shapes[b].q_len;
-      std::vector<float> kk(kv * H * D), vv(kv * H * D);
-      ASSERT_TRUE(cpu->DequantizeForDiagnostics(layer, s.ids[b], kk, vv).ok());
-      std::vector<double> want(ql * hd);
-      ASSERT_TRUE(ref::Attention(std::span<const float>(q.q.data() + q.cu[b] * hd, ql * hd), ql, hq, kk, vv, kv, H, D,
-                                 kv - ql, {}, want).ok());
-      std::vector<float> g(got.begin() + q.cu[b] * hd, got.begin() + q.cu[b + 1] * hd);
-      EXPECT_LE(Nmse(g, std::vector<float>(want.begin(), want.end())), 1e-5) << "layer " << layer << " sequence " << b;
-    }
+    ExpectMatchesOracle(c, H, *cpu, layer, s, shapes, q, ReadOut(call.out, q.q.size(), DType::kF32), 1000);
   }
 }
 
