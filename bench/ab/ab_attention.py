@@ -8,7 +8,7 @@ median compressed (and dense) time of its two runs in the round, and
 reports per preset the median over the rounds of B / A. Prints a table, or JSON with --json;
 a progress line per round goes to stderr.
 
-Example (the method of docs/BENCHMARKS.md, third session of 2026-12-07):
+Example (docs/BENCHMARKS.md, "Paired A/B method"):
   bench/ab/ab_attention.py --a old/tq --b build/release/tq \
       --preset k4_v4,k3_v3 --context 32768 --q-heads 8 --kv-heads 2 --threads 1
 """

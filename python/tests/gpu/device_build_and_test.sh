@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device run of the Python package with the CUDA backend (issue 7, CUDA
-# acceptance; docs/BENCHMARKS.md "Python package on CUDA (issue 7)").
+# acceptance; docs/BENCHMARKS.md "Python package on CUDA").
 #
 # The GPU machine has python3, torch, transformers, nanobind, pytest, cmake,
 # ninja and nvcc, but not our C++ Debian dependencies and no network. They
