@@ -43,7 +43,7 @@ namespace {
 
 constexpr int kNw = 4;  // warps per decode CTA
 // CTAs a SM the head-parity kernels at head_dim 128 are built for (4; 5
-// measured within 3%, docs/BENCHMARKS.md run 13): a knob for A/B builds.
+// measured within 3% on the H100): a knob for A/B builds.
 #ifndef TQ_HP_CTAS
 #define TQ_HP_CTAS 4
 #endif
@@ -80,7 +80,7 @@ struct Cfg {
   // 102 registers a thread, 4 = 128). head_dim 64 fits 5 without spills;
   // head_dim 128 with 2/3-bit keys and values up to 4 bits takes 4: at 5 it
   // kept a spill in the loop and rebuilt addresses every tile, and 4 measured
-  // 1.06-1.08x faster (k3_v3, k3_v4 at B = 16, N = 32K; H100, run 12).
+  // 1.06-1.08x faster (k3_v3, k3_v4 at B = 16, N = 32K; H100).
   static constexpr int kMinCtas = D == 64 ? 5 : D == 128 && KB <= 3 && VC <= kVInt4 ? 4 : 1;
   // The head-parity kernels (UpdateTileHp: half the accumulators).
   static constexpr int kMinCtasHp = D == 64 ? 5 : D == 128 && KB <= 3 && VC <= kVInt4 ? TQ_HP_CTAS : 1;
@@ -151,6 +151,40 @@ struct WarpState {
   float l[2];
 };
 
+// The key A fragment of k-chunk c (16 channels of the thread's quarter) of
+// the tile's rows g and g + 8: (a0, a1, a2, a3) of mma.m16n8k16 = (row g,
+// row g + 8) x (channel pair 2c, 2c + 1 of the thread's part).
+template <int D, int KB, int VC>
+__device__ __forceinline__ void KeyFrag(const Raw<D, KB, VC>& cur, int c, uint32_t kl, int kbound, uint32_t& a0,
+                                        uint32_t& a1, uint32_t& a2, uint32_t& a3) {
+  using C = Cfg<D, KB, VC>;
+  if constexpr (C::kKTq) {
+    a0 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c) * 2 * KB, 2 * KB);
+    a1 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c) * 2 * KB, 2 * KB);
+    a2 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB);
+    a3 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB);
+  } else {
+    // int8-sym: channels 4c..4c+3 of the thread; scale by group. The
+    // bytes become fp16 exactly without conversions: with the sign bit
+    // flipped (x + 128) and 0x64 as the high byte, a half reads
+    // 1024 + 128 + x, and subtracting 1152 leaves x. Then one fp16
+    // multiply by the scale: the exact product rounded once, as the fp32
+    // product (exact: 8 x 11 bits) rounded to fp16 was before.
+    auto dec = [&](int r, int p) {
+      const uint32_t u = cur.k[r].w[p >> 1] ^ 0x80808080u;
+      const uint32_t hb = __byte_perm(u, 0x64646464u, (p & 1) ? 0x4342u : 0x4140u);
+      const __half2 x = __hsub2(*reinterpret_cast<const __half2*>(&hb), __float2half2_rn(1152.f));
+      const uint32_t sw = __byte_perm(cur.kss[r], 0u, (2 * p < kbound) ? 0x1010u : 0x3232u);
+      const __half2 y = __hmul2(x, *reinterpret_cast<const __half2*>(&sw));
+      return *reinterpret_cast<const uint32_t*>(&y);
+    };
+    a0 = dec(0, 2 * c);
+    a1 = dec(1, 2 * c);
+    a2 = dec(0, 2 * c + 1);
+    a3 = dec(1, 2 * c + 1);
+  }
+}
+
 // One tile of 16 tokens starting at tb (rows already loaded into `cur`).
 template <int D, int KB, int VC>
 __device__ __forceinline__ void ScoreTile(const Raw<D, KB, VC>& cur, int tb, int start, int len, int g,
@@ -164,33 +198,9 @@ __device__ __forceinline__ void ScoreTile(const Raw<D, KB, VC>& cur, int tb, int
   for (int i = 0; i < 4; ++i) sc[i] = 0.f;
 #pragma unroll
   for (int c = 0; c < C::kChunks; ++c) {
-    uint32_t p00, p10, p01, p11;
-    if constexpr (C::kKTq) {
-      p00 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c) * 2 * KB, 2 * KB);
-      p10 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c) * 2 * KB, 2 * KB);
-      p01 = Lut<C::kKAligned>(kl, cur.k[0].w, (2 * c + 1) * 2 * KB, 2 * KB);
-      p11 = Lut<C::kKAligned>(kl, cur.k[1].w, (2 * c + 1) * 2 * KB, 2 * KB);
-    } else {
-      // int8-sym: channels 4c..4c+3 of the thread; scale by group. The
-      // bytes become fp16 exactly without conversions: with the sign bit
-      // flipped (x + 128) and 0x64 as the high byte, a half reads
-      // 1024 + 128 + x, and subtracting 1152 leaves x. Then one fp16
-      // multiply by the scale: the exact product rounded once, as the fp32
-      // product (exact: 8 x 11 bits) rounded to fp16 was before.
-      auto dec = [&](int r, int p) {
-        const uint32_t u = cur.k[r].w[p >> 1] ^ 0x80808080u;
-        const uint32_t hb = __byte_perm(u, 0x64646464u, (p & 1) ? 0x4342u : 0x4140u);
-        const __half2 x = __hsub2(*reinterpret_cast<const __half2*>(&hb), __float2half2_rn(1152.f));
-        const uint32_t sw = __byte_perm(cur.kss[r], 0u, (2 * p < kbound) ? 0x1010u : 0x3232u);
-        const __half2 y = __hmul2(x, *reinterpret_cast<const __half2*>(&sw));
-        return *reinterpret_cast<const uint32_t*>(&y);
-      };
-      p00 = dec(0, 2 * c);
-      p10 = dec(1, 2 * c);
-      p01 = dec(0, 2 * c + 1);
-      p11 = dec(1, 2 * c + 1);
-    }
-    Mma((c & 1) ? sd : sc, p00, p10, p01, p11, qf[2 * c], qf[2 * c + 1]);
+    uint32_t a0, a1, a2, a3;
+    KeyFrag<D, KB, VC>(cur, c, kl, kbound, a0, a1, a2, a3);
+    Mma((c & 1) ? sd : sc, a0, a1, a2, a3, qf[2 * c], qf[2 * c + 1]);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) sc[i] += sd[i];
@@ -215,6 +225,39 @@ __device__ __forceinline__ void IntValueScales(const Raw<D, KB, VC>& cur, int tb
     const __half2 sz = *reinterpret_cast<const __half2*>(&cur.vsz[r]);
     vsc[r] = in ? __low2float(sz) : 0.f;
     vz[r] = in ? __high2float(sz) : 0.f;
+  }
+}
+
+// The value A fragment of m-tile i (channels g*D/8 + 2i, 2i + 1 of the
+// thread's group) over the tile's value rows 2t, 2t + 1, 2t + 8, 2t + 9:
+// O^T[channel][column] += V^T P. vsc, vz: group-integer (scale, zero) of
+// the four rows (IntValueScales; unused for TurboQuant values).
+template <int D, int KB, int VC>
+__device__ __forceinline__ void ValueFrag(const Raw<D, KB, VC>& cur, int i, uint32_t vl, const float (&vsc)[4],
+                                          const float (&vz)[4], uint32_t& a0, uint32_t& a1, uint32_t& a2,
+                                          uint32_t& a3) {
+  using C = Cfg<D, KB, VC>;
+  constexpr int VB = C::kVB;
+  if constexpr (C::kVTq) {
+    const uint32_t pa = Lut<C::kVAligned>(vl, cur.v[0].w, i * 2 * VB, 2 * VB);
+    const uint32_t pbv = Lut<C::kVAligned>(vl, cur.v[1].w, i * 2 * VB, 2 * VB);
+    const uint32_t pc = Lut<C::kVAligned>(vl, cur.v[2].w, i * 2 * VB, 2 * VB);
+    const uint32_t pd = Lut<C::kVAligned>(vl, cur.v[3].w, i * 2 * VB, 2 * VB);
+    a0 = __byte_perm(pa, pbv, 0x5410);
+    a1 = __byte_perm(pa, pbv, 0x7632);
+    a2 = __byte_perm(pc, pd, 0x5410);
+    a3 = __byte_perm(pc, pd, 0x7632);
+  } else {
+    float v[4][2];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      v[r][0] = static_cast<float>(Field(cur.v[r].w, (2 * i) * VB, VB)) * vsc[r] + vz[r];
+      v[r][1] = static_cast<float>(Field(cur.v[r].w, (2 * i + 1) * VB, VB)) * vsc[r] + vz[r];
+    }
+    a0 = PackHalf2(v[0][0], v[1][0]);
+    a1 = PackHalf2(v[0][1], v[1][1]);
+    a2 = PackHalf2(v[2][0], v[3][0]);
+    a3 = PackHalf2(v[2][1], v[3][1]);
   }
 }
 
@@ -286,29 +329,7 @@ __device__ __forceinline__ void UpdateTile(const Raw<D, KB, VC>& cur, const floa
 #pragma unroll
   for (int i = 0; i < C::kChunks; ++i) {
     uint32_t a0, a1, a2, a3;
-    if constexpr (C::kVTq) {
-      constexpr int VB = C::kVB;
-      const uint32_t pa = Lut<C::kVAligned>(vl, cur.v[0].w, i * 2 * VB, 2 * VB);
-      const uint32_t pbv = Lut<C::kVAligned>(vl, cur.v[1].w, i * 2 * VB, 2 * VB);
-      const uint32_t pc = Lut<C::kVAligned>(vl, cur.v[2].w, i * 2 * VB, 2 * VB);
-      const uint32_t pd = Lut<C::kVAligned>(vl, cur.v[3].w, i * 2 * VB, 2 * VB);
-      a0 = __byte_perm(pa, pbv, 0x5410);
-      a1 = __byte_perm(pa, pbv, 0x7632);
-      a2 = __byte_perm(pc, pd, 0x5410);
-      a3 = __byte_perm(pc, pd, 0x7632);
-    } else {
-      constexpr int VB = C::kVB;
-      float v[4][2];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        v[r][0] = static_cast<float>(Field(cur.v[r].w, (2 * i) * VB, VB)) * vsc[r] + vz[r];
-        v[r][1] = static_cast<float>(Field(cur.v[r].w, (2 * i + 1) * VB, VB)) * vsc[r] + vz[r];
-      }
-      a0 = PackHalf2(v[0][0], v[1][0]);
-      a1 = PackHalf2(v[0][1], v[1][1]);
-      a2 = PackHalf2(v[2][0], v[3][0]);
-      a3 = PackHalf2(v[2][1], v[3][1]);
-    }
+    ValueFrag<D, KB, VC>(cur, i, vl, vsc, vz, a0, a1, a2, a3);
     Mma(ws.acc[i], a0, a1, a2, a3, pb0, pb1);
   }
 }
@@ -626,13 +647,13 @@ struct Stage {
   static constexpr int kBytes = (kVMOff + 16 * kVM + 15) / 16 * 16;
   // 4-bit keys: their 32 KiB table leaves room for 3 CTAs a SM with 4
   // stages, 4 CTAs with 2; 2 stages measured 3-4% faster for k4_v4 at
-  // B = 16/32, N = 32K and the same for k4_v3 (BENCHMARKS run 6). int8
+  // B = 16/32, N = 32K and the same for k4_v3 (H100). int8
   // keys (rows of 128 bytes at d 128) also take 2 stages: together with the
   // conversion-free int8 decode in ScoreTile, k8_v4 at B = 16, N = 32K went
-  // from 0.363 to 0.242 ms and q8 from 0.448 to 0.348 ms (H200, run 7; the
+  // from 0.363 to 0.242 ms and q8 from 0.448 to 0.348 ms (H200; the
   // two changes were measured together, not apart). At head_dim 128 with
   // 2/3-bit keys (4 CTAs a SM), 3 stages measured the same as 4 and 6
-  // slower (k3_v3 B = 16, N = 32K: 0.1938 vs 0.1905 ms; H100, run 12).
+  // slower (k3_v3 B = 16, N = 32K: 0.1938 vs 0.1905 ms; H100).
   static constexpr int kStages = D >= 256 || KB >= 4 ? 2 : 4;
 };
 
@@ -841,8 +862,8 @@ __global__ void __launch_bounds__(kNw * 32, (kHp ? Cfg<D, KB, VC>::kMinCtasHp : 
 
 // Whether a layer decodes in the head-parity layout: GQA <= 4, except at
 // head_dim 256 with keys of 4 bits or more, where it measured 3-5% slower
-// than the plain layout on the H100 (k4_v4, B = 1..16, N = 32K;
-// docs/BENCHMARKS.md run 13) while k3_v3 gained there.
+// than the plain layout on the H100 (k4_v4, B = 1..16, N = 32K)
+// while k3_v3 gained there.
 constexpr bool HeadParity(int D, int KB, int group) { return group <= 4 && (D <= 128 || KB <= 3); }
 
 // The decode kernel instance of a layer for `group` query heads a KV head
@@ -891,22 +912,19 @@ cudaError_t RunDecode(const Layer& L, const DecodeShape& s, const int32_t* bt, c
 template <int D, typename TQ, typename TO>
 cudaError_t RunAll(const Layer& L, const DecodeShape& s, const void* q, void* out,
                    const int32_t* bt, const int32_t* lens, void* ws, cudaStream_t stream) {
-  uint8_t* w = static_cast<uint8_t*>(ws);
   const size_t rows = static_cast<size_t>(s.batch) * s.hq;
-  __half* qrot = reinterpret_cast<__half*>(w);
-  float* opart = reinterpret_cast<float*>(w + Align256(rows * D * 2));
-  float* ml = reinterpret_cast<float*>(w + Align256(rows * D * 2) + Align256(rows * s.splits * D * 4));
-  RotateQueries<D, TQ><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, static_cast<const TQ*>(q), qrot);
+  const RowWorkspace w = SplitRowWorkspace(ws, rows, s.splits, D);
+  RotateQueries<D, TQ><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, s, static_cast<const TQ*>(q), w.qrot);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   e = WithKeyBits(L.k.bits, [&](auto kb) {
     return WithValueCase(ValueCase(L), [&](auto vc) {
-      return RunDecode<D, decltype(kb)::value, decltype(vc)::value>(L, s, bt, lens, qrot, opart, ml, stream);
+      return RunDecode<D, decltype(kb)::value, decltype(vc)::value>(L, s, bt, lens, w.qrot, w.opart, w.ml, stream);
     });
   });
   if (e != cudaSuccess) return e;
   return LaunchAfter(MergeKernel<D, TO>, dim3(static_cast<unsigned>(rows)), D, 0, stream, L, s,
-                     static_cast<const float*>(opart), static_cast<const float*>(ml), static_cast<TO*>(out));
+                     static_cast<const float*>(w.opart), static_cast<const float*>(w.ml), static_cast<TO*>(out));
 }
 
 }  // namespace

@@ -333,6 +333,37 @@ __global__ void MergeKernel(Layer L, DecodeShape s, const float* __restrict__ op
   out[static_cast<long long>(bh) * D + j] = FromFloat<T>(y);
 }
 
+// The workspace of a row-wise attention call (decode: rows = batch x hq;
+// extend: rows = total_q x hq), each part 256-aligned: rotated queries
+// fp16 [rows][D], partial outputs f32 [rows][splits][D], partial (max, sum)
+// f32 [rows][splits][2] (DecodeWorkspaceBytes, ExtendWorkspaceBytes).
+struct RowWorkspace {
+  __half* qrot;
+  float* opart;
+  float* ml;
+};
+
+inline RowWorkspace SplitRowWorkspace(void* ws, size_t rows, int splits, int D) {
+  uint8_t* w = static_cast<uint8_t*>(ws);
+  RowWorkspace r;
+  r.qrot = reinterpret_cast<__half*>(w);
+  r.opart = reinterpret_cast<float*>(w + Align256(rows * D * 2));
+  r.ml = reinterpret_cast<float*>(w + Align256(rows * D * 2) + Align256(rows * static_cast<size_t>(splits) * D * 4));
+  return r;
+}
+
+// The row-wise kernels' (RotateQueries, MergeKernel) view of an extend
+// call: one "batch" row a query token.
+inline DecodeShape RowShape(const ExtendShape& s) {
+  DecodeShape ds;
+  ds.batch = s.total_q;
+  ds.hq = s.hq;
+  ds.group = s.group;
+  ds.splits = s.splits;
+  ds.scale_log2 = s.scale_log2;
+  return ds;
+}
+
 // Launches `kernel` as a programmatic dependent of the previous kernel in
 // the stream (it calls GridDepWait() before reading what that kernel wrote).
 template <typename... P, typename... A>

@@ -1,6 +1,7 @@
 // Host side of the paged extend: the shared-memory layout of a CTA, the
-// workspace and the dispatch to the kernels of extend.cuh (instantiated
-// once per head_dim in their own translation unit, cuda/instances.cu.in).
+// workspace and the dispatch to the kernels of extend.cuh and
+// extend_narrow.cuh (instantiated once per head_dim in their own
+// translation units, cuda/instances.cu.in).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,10 +57,19 @@ size_t ExtendWorkspaceBytes(const ExtendShape& s, int D) {
   return Align256(rows * D * 2) + Align256(rows * s.splits * D * 4) + Align256(rows * s.splits * 2 * 4);
 }
 
+cudaError_t NarrowBlocksPerSm(const Layer& layer, int nt, int* blocks_per_sm) {
+  *blocks_per_sm = 0;
+  return WithHeadDim(layer.D, [&](auto d) { return NarrowBlocksPerSmD<decltype(d)::value>(layer, nt, blocks_per_sm); });
+}
+
 cudaError_t LaunchExtend(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
                          int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
                          const int32_t* seq_lens, void* workspace, cudaStream_t stream) {
   return WithHeadDim(layer.D, [&](auto d) {
+    if (s.narrow) {
+      return LaunchNarrowD<decltype(d)::value>(layer, s, q, q_dtype, out, out_dtype, cu_seqlens_q, block_tables,
+                                               seq_lens, workspace, stream);
+    }
     return LaunchExtendD<decltype(d)::value>(layer, s, q, q_dtype, out, out_dtype, cu_seqlens_q, block_tables,
                                              seq_lens, workspace, stream);
   });

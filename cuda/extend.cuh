@@ -469,29 +469,21 @@ cudaError_t ExtendKernelAttr(size_t smem) {
 template <int D, typename TQ, typename TO>
 cudaError_t RunExtend(const Layer& L, const ExtendShape& s, const void* q, void* out, const int32_t* cu,
                       const int32_t* bt, const int32_t* lens, void* ws, cudaStream_t stream) {
-  uint8_t* w = static_cast<uint8_t*>(ws);
   const size_t rows = static_cast<size_t>(s.total_q) * s.hq;
-  __half* qrot = reinterpret_cast<__half*>(w);
-  float* opart = reinterpret_cast<float*>(w + Align256(rows * D * 2));
-  float* ml = reinterpret_cast<float*>(w + Align256(rows * D * 2) + Align256(rows * s.splits * D * 4));
-  DecodeShape ds;  // the row-wise kernels' view: one "batch" row a query token
-  ds.batch = s.total_q;
-  ds.hq = s.hq;
-  ds.group = s.group;
-  ds.splits = s.splits;
-  ds.scale_log2 = s.scale_log2;
-  RotateQueries<D, TQ><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, ds, static_cast<const TQ*>(q), qrot);
+  const RowWorkspace w = SplitRowWorkspace(ws, rows, s.splits, D);
+  const DecodeShape ds = RowShape(s);
+  RotateQueries<D, TQ><<<static_cast<unsigned>(rows), D, 0, stream>>>(L, ds, static_cast<const TQ*>(q), w.qrot);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const ExtendSmem sm = ExtendSmemLayout(L, s.wn);
   e = ExtendKernelAttr<D>(static_cast<size_t>(sm.bytes));
   if (e != cudaSuccess) return e;
   e = LaunchAfter(ExtendKernel<D>, dim3(static_cast<unsigned>(s.q_tiles * s.splits), L.H, s.batch), kExtThreads,
-                  static_cast<size_t>(sm.bytes), stream, L, s, sm, cu, bt, lens, static_cast<const __half*>(qrot),
-                  opart, ml);
+                  static_cast<size_t>(sm.bytes), stream, L, s, sm, cu, bt, lens, static_cast<const __half*>(w.qrot),
+                  w.opart, w.ml);
   if (e != cudaSuccess) return e;
   return LaunchAfter(MergeKernel<D, TO>, dim3(static_cast<unsigned>(rows)), D, 0, stream, L, ds,
-                     static_cast<const float*>(opart), static_cast<const float*>(ml), static_cast<TO*>(out));
+                     static_cast<const float*>(w.opart), static_cast<const float*>(w.ml), static_cast<TO*>(out));
 }
 
 template <int D>

@@ -125,6 +125,9 @@ struct ExtendShape {
   int group = 0;           // query heads per KV head
   int max_blocks = 0;
   int total_q = 0;         // query tokens of the batch (rows of q / 32 heads)
+  int narrow = 0;          // 1: ExtendNarrowKernel (extend_narrow.cuh), 0: ExtendKernel (extend.cuh)
+  int cols_per_cta = 8;    // narrow: query rows a CTA (8 or 16), the mma's columns
+  int col_blocks = 1;      // narrow: CTAs along the longest sequence's query rows
   int wn = 1;              // warps sharing a 16-row block (1, 2, 4): 16 * 4 / wn rows a CTA
   int tokens_per_cta = 0;  // query tokens a CTA: (16 * 4 / wn) / group
   int q_tiles = 0;         // CTAs along the query tokens of the longest sequence
@@ -154,6 +157,8 @@ ExtendSmem ExtendSmemLayout(const Layer& layer, int wn);
 size_t ExtendWorkspaceBytes(const ExtendShape& s, int D);
 
 cudaError_t ExtendBlocksPerSm(const Layer& layer, int wn, int* blocks_per_sm);
+// Narrow kernel CTAs (nt = cols_per_cta / 8) that fit on one SM at once.
+cudaError_t NarrowBlocksPerSm(const Layer& layer, int nt, int* blocks_per_sm);
 
 cudaError_t LaunchExtend(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
                          int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
@@ -165,6 +170,12 @@ template <int D>
 cudaError_t ExtendBlocksPerSmD(const Layer& layer, int wn, int* blocks_per_sm);
 template <int D>
 cudaError_t LaunchExtendD(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
+                          int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
+                          const int32_t* seq_lens, void* workspace, cudaStream_t stream);
+template <int D>
+cudaError_t NarrowBlocksPerSmD(const Layer& layer, int nt, int* blocks_per_sm);
+template <int D>
+cudaError_t LaunchNarrowD(const Layer& layer, const ExtendShape& s, const void* q, int q_dtype, void* out,
                           int out_dtype, const int32_t* cu_seqlens_q, const int32_t* block_tables,
                           const int32_t* seq_lens, void* workspace, cudaStream_t stream);
 

@@ -651,8 +651,23 @@ Status DeviceLayer::PagedDecode(const DecodeArgs& a, void* stream) const {
   return LaunchDecodeCall(L, a, *a.plan, scale, stream);
 }
 
+const char* ExtendKernelName(ExtendKernel k) {
+  switch (k) {
+    case ExtendKernel::kAuto: return "auto";
+    case ExtendKernel::kNarrow: return "narrow";
+    case ExtendKernel::kTile: return "tile";
+  }
+  return "unknown";
+}
+
+namespace {
+// kAuto takes the narrow kernel up to this many query rows a KV head
+// (max_q_len x GQA), the tile kernel above.
+constexpr size_t kNarrowMaxRows = 64;
+}  // namespace
+
 Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
-                                           size_t max_seq_len) const {
+                                           size_t max_seq_len, ExtendKernel kernel) const {
   const Layer& L = impl_->layer;
   if (batch == 0 || batch > 65535) return InvalidArgumentError("PlanExtend: batch must be in 1..65535, got " + Str(batch));
   if (num_q_heads == 0 || num_q_heads % L.H != 0 || num_q_heads / L.H > 8) {
@@ -671,24 +686,54 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
                                 "batch x max_q_len (" + Str(max_q_len) + ".." + Str(batch * max_q_len) +
                                 ") with total_q x num_q_heads below 2^23");
   }
+  const int kernel_code = static_cast<int>(kernel);
+  if (kernel_code < 0 || kernel_code > 2) {
+    return InvalidArgumentError("PlanExtend: kernel must be kAuto, kNarrow or kTile, got " + std::to_string(kernel_code));
+  }
+  const bool narrow_fits = L.block_size % 16 == 0;
+  if (kernel == ExtendKernel::kNarrow && !narrow_fits) {
+    return InvalidArgumentError("PlanExtend: the narrow kernel needs a block size that is a multiple of 16, got " +
+                                Str(L.block_size) + " (use kAuto or kTile)");
+  }
   const size_t group = num_q_heads / L.H;
   ExtendPlan p;
   const size_t rows = max_q_len * group;
-  const int wn = rows <= 16 ? 4 : rows <= 32 ? 2 : 1;
-  p.rows_per_cta = 64 / static_cast<size_t>(wn);
-  const size_t tokens_per_cta = p.rows_per_cta / group;
-  p.q_tiles = (max_q_len + tokens_per_cta - 1) / tokens_per_cta;
+  const bool narrow = kernel == ExtendKernel::kNarrow ||
+                      (kernel == ExtendKernel::kAuto && narrow_fits && rows <= kNarrowMaxRows);
+  p.kernel = narrow ? ExtendKernel::kNarrow : ExtendKernel::kTile;
   int per_sm = 0;
-  TQ_CUDA_RETURN(detail::ExtendBlocksPerSm(L, wn, &per_sm), "PlanExtend: occupancy of the extend kernel");
+  if (narrow) {
+    // 16 rows a CTA (two n-tiles) where they fill it, 8 otherwise and at
+    // head_dim 256 (the accumulators of 16 would not fit the registers).
+    p.rows_per_cta = rows <= 8 || L.D == 256 ? 8 : 16;
+    p.q_tiles = (rows + p.rows_per_cta - 1) / p.rows_per_cta;
+    TQ_CUDA_RETURN(detail::NarrowBlocksPerSm(L, static_cast<int>(p.rows_per_cta / 8), &per_sm),
+                   "PlanExtend: occupancy of the narrow extend kernel");
+  } else {
+    const int wn = rows <= 16 ? 4 : rows <= 32 ? 2 : 1;
+    p.rows_per_cta = 64 / static_cast<size_t>(wn);
+    const size_t tokens_per_cta = p.rows_per_cta / group;
+    p.q_tiles = (max_q_len + tokens_per_cta - 1) / tokens_per_cta;
+    TQ_CUDA_RETURN(detail::ExtendBlocksPerSm(L, wn, &per_sm), "PlanExtend: occupancy of the extend kernel");
+  }
   if (per_sm == 0) return InternalError("PlanExtend: the extend kernel does not fit a multiprocessor");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(per_sm);
-  // Splits only while the query tiles leave the GPU idle (few query rows:
-  // speculative verification, short chunks): as many as fit one wave (a
-  // partial second wave would double the time), with at least 256 tokens a
-  // split. From 256 x that many tokens of history on, the splits, and with
-  // them the workspace, no longer depend on it.
+  // Splits in whole waves: a grid of ctas x splits CTAs runs in
+  // ceil(ctas x splits / capacity) waves, each as long as one split's share
+  // of the history (1 / splits), so the time goes as waves / splits: the
+  // fewest splits within 2% of the best, up to 4 x capacity / ctas (at
+  // least 2; more splits mean a larger workspace and merge), and at least
+  // 256 tokens a split. The choice depends on the grid and the GPU, not on
+  // the history (beyond 256 tokens x splits), so neither does the workspace.
   const size_t ctas = p.q_tiles * L.H * batch;
-  size_t splits = std::max<size_t>(1, capacity / ctas);
+  const size_t max_splits = std::max<size_t>(2, (4 * capacity + ctas - 1) / ctas);
+  auto wave_cost = [&](size_t sp) {
+    return static_cast<double>((ctas * sp + capacity - 1) / capacity) / static_cast<double>(sp);
+  };
+  double best = wave_cost(1);
+  for (size_t sp = 2; sp <= max_splits; ++sp) best = std::min(best, wave_cost(sp));
+  size_t splits = 1;
+  while (wave_cost(splits) > 1.02 * best) ++splits;
   splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
   p.tokens_per_split = ((max_seq_len + splits - 1) / splits + 63) / 64 * 64;
   p.splits = (max_seq_len + p.tokens_per_split - 1) / p.tokens_per_split;
@@ -697,7 +742,7 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   s.hq = static_cast<int>(num_q_heads);
   s.splits = static_cast<int>(p.splits);
   p.workspace_bytes = detail::ExtendWorkspaceBytes(s, L.D);
-  if (max_q_len == 1 && total_q == batch) {
+  if (kernel == ExtendKernel::kAuto && max_q_len == 1 && total_q == batch) {
     TQ_ASSIGN_OR_RETURN(p.decode, PlanDecode(batch, num_q_heads, max_seq_len));
     p.decode_route = true;
     p.workspace_bytes = std::max(p.workspace_bytes, p.decode.workspace_bytes);
@@ -717,9 +762,13 @@ Status DeviceLayer::PagedExtend(const ExtendArgs& a, void* stream) const {
     return InvalidArgumentError(
         "PagedExtend: q, out, cu_seqlens_q, block_tables, seq_lens and workspace must be device pointers, got null");
   }
-  Result<ExtendPlan> want = PlanExtend(a.batch, a.num_q_heads, a.total_q, a.max_q_len, a.max_seq_len);
+  // The plan's kernel was kAuto's choice, or forced: re-planning with the
+  // choice itself gives the same plan (the decode route only comes from kAuto).
+  Result<ExtendPlan> want = PlanExtend(a.batch, a.num_q_heads, a.total_q, a.max_q_len, a.max_seq_len,
+                                       a.plan->decode_route ? ExtendKernel::kAuto : a.plan->kernel);
   if (!want.ok()) return want.status();
-  if (want->splits != a.plan->splits || want->tokens_per_split != a.plan->tokens_per_split ||
+  if (want->kernel != a.plan->kernel || want->splits != a.plan->splits ||
+      want->tokens_per_split != a.plan->tokens_per_split ||
       want->q_tiles != a.plan->q_tiles || want->rows_per_cta != a.plan->rows_per_cta ||
       want->decode_route != a.plan->decode_route || want->decode.splits != a.plan->decode.splits ||
       want->decode.tokens_per_split != a.plan->decode.tokens_per_split) {
@@ -760,9 +809,15 @@ Status DeviceLayer::PagedExtend(const ExtendArgs& a, void* stream) const {
   s.group = static_cast<int>(a.num_q_heads / L.H);
   s.max_blocks = static_cast<int>(a.max_blocks_per_seq);
   s.total_q = static_cast<int>(a.total_q);
-  s.wn = static_cast<int>(64 / a.plan->rows_per_cta);
-  s.tokens_per_cta = static_cast<int>(a.plan->rows_per_cta) / s.group;
-  s.q_tiles = static_cast<int>(a.plan->q_tiles);
+  if (a.plan->kernel == ExtendKernel::kNarrow) {
+    s.narrow = 1;
+    s.cols_per_cta = static_cast<int>(a.plan->rows_per_cta);
+    s.col_blocks = static_cast<int>(a.plan->q_tiles);
+  } else {
+    s.wn = static_cast<int>(64 / a.plan->rows_per_cta);
+    s.tokens_per_cta = static_cast<int>(a.plan->rows_per_cta) / s.group;
+    s.q_tiles = static_cast<int>(a.plan->q_tiles);
+  }
   s.splits = static_cast<int>(a.plan->splits);
   s.tokens_per_split = static_cast<int>(a.plan->tokens_per_split);
   s.window = static_cast<int>(a.window);

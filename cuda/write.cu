@@ -592,9 +592,9 @@ __device__ __forceinline__ void EncodeComp(const Comp& c, int h, float (&x)[32],
 // At most 85 registers a thread (6 blocks of 128 threads a SM; 80 used at
 // d 128). With the strided TurboQuant rows and their codes packed as they
 // are found, 6 blocks wrote 1-3% faster than 5 and within 2% of 7 or 8
-// (H200, one call, docs/BENCHMARKS.md run 8); with the bucket quantizer 6
+// (H200, one call); with the bucket quantizer 6
 // blocks (two spilled words on the k3_v3 path) wrote about 5% faster than 5
-// (H100, run 13). TQ_WRITE_MIN_BLOCKS overrides it for such A/B builds.
+// (H100). TQ_WRITE_MIN_BLOCKS overrides it for such A/B builds.
 #ifndef TQ_WRITE_MIN_BLOCKS
 #define TQ_WRITE_MIN_BLOCKS 6
 #endif

@@ -7,6 +7,8 @@
 //    <= 1e-5 per sequence: every GPU-supported preset, head_dim 64/128/256,
 //    GQA 1/4/8, block sizes 1/16/32/128, windows, soft-cap, means, dtypes,
 //    q_len 1, 3, 17, 512 and 2,048 over histories from empty to 40K tokens;
+//  - the narrow and the tile kernel both match it on the same inputs (the
+//    narrow one where the block size is a multiple of 16);
 //  - q_len 1 for every sequence runs the decode kernels (same bytes as
 //    PagedDecode) unless a soft-cap asks for the extend kernel;
 //  - a captured CUDA graph replays to the direct call's bytes;
@@ -127,10 +129,11 @@ struct DeviceCall {
 };
 
 // Uploads everything a PagedExtend call needs; out is NaN-poisoned.
-DeviceCall Prepare(const ExtendCase& c, size_t hq, const DeviceLayer& layer, const Seqs& seqs, const Queries& q) {
+DeviceCall Prepare(const ExtendCase& c, size_t hq, const DeviceLayer& layer, const Seqs& seqs, const Queries& q,
+                   ExtendKernel kernel = ExtendKernel::kAuto) {
   DeviceCall call;
   const size_t B = seqs.lens.size();
-  Result<ExtendPlan> plan = layer.PlanExtend(B, hq, q.total_q, q.max_q, q.max_kv);
+  Result<ExtendPlan> plan = layer.PlanExtend(B, hq, q.total_q, q.max_q, q.max_kv, kernel);
   EXPECT_TRUE(plan.ok()) << plan.status().ToString();
   call.plan = *plan;
   Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes);
@@ -212,16 +215,30 @@ void ExpectMatchesOracle(const ExtendCase& c, size_t H, const PagedKVCache& cpu,
   }
 }
 
-void RunCase(const ExtendCase& c, size_t H, const std::vector<SeqShape>& shapes, uint64_t seed, size_t max_rows) {
+// Runs the case through each kernel in `kernels` (kAuto: the plan's
+// choice) on the same pages and queries; each output matches the oracle.
+void RunCase(const ExtendCase& c, size_t H, const std::vector<SeqShape>& shapes, uint64_t seed, size_t max_rows,
+             std::initializer_list<ExtendKernel> kernels = {ExtendKernel::kAuto}) {
   Filled f = Fill(c, H, shapes, seed);
   const size_t hq = H * c.gqa;
   Queries q = MakeQueries(shapes, hq, c.d, c.qt, seed + 7);
-  DeviceCall call = Prepare(c, hq, f.layer, f.seqs, q);
-  const Status st = f.layer.PagedExtend(call.args);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  ASSERT_TRUE(Synchronize().ok());
-  const std::vector<float> got = ReadOut(call.out, q.q.size(), c.ot);
-  ExpectMatchesOracle(c, H, f.cpu, 0, f.seqs, shapes, q, got, max_rows);
+  for (ExtendKernel kernel : kernels) {
+    SCOPED_TRACE(std::string("kernel ") + ExtendKernelName(kernel));
+    DeviceCall call = Prepare(c, hq, f.layer, f.seqs, q, kernel);
+    ASSERT_TRUE(kernel == ExtendKernel::kAuto || call.plan.kernel == kernel);
+    const Status st = f.layer.PagedExtend(call.args);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(Synchronize().ok());
+    const std::vector<float> got = ReadOut(call.out, q.q.size(), c.ot);
+    ExpectMatchesOracle(c, H, f.cpu, 0, f.seqs, shapes, q, got, max_rows);
+  }
+}
+
+// Both kernels where the narrow one applies (block sizes of 16 and more).
+std::initializer_list<ExtendKernel> BothKernels(size_t block_size) {
+  static constexpr std::initializer_list<ExtendKernel> kBoth = {ExtendKernel::kNarrow, ExtendKernel::kTile};
+  static constexpr std::initializer_list<ExtendKernel> kTileOnly = {ExtendKernel::kTile};
+  return block_size % 16 == 0 ? kBoth : kTileOnly;
 }
 
 class CudaExtend : public ::testing::TestWithParam<ExtendCase> {};
@@ -231,7 +248,15 @@ class CudaExtend : public ::testing::TestWithParam<ExtendCase> {};
 TEST_P(CudaExtend, RaggedBatchMatchesTheOracle) {
   REQUIRE_GPU();
   const std::vector<SeqShape> shapes = {{3, 3}, {45, 17}, {700, 1}, {333, 3}, {2100, 512}, {17, 17}};
-  RunCase(GetParam(), 2, shapes, 61, 48);
+  RunCase(GetParam(), 2, shapes, 61, 48, BothKernels(GetParam().bs));
+}
+
+// The narrow kernel's regime (what kAuto gives it): a few new tokens a
+// sequence (speculative verification) over long and short histories.
+TEST_P(CudaExtend, FewNewTokensMatchTheOracle) {
+  REQUIRE_GPU();
+  const std::vector<SeqShape> shapes = {{3000, 4}, {37, 2}, {1200, 1}, {4, 4}, {517, 3}};
+  RunCase(GetParam(), 2, shapes, 67, 48, {ExtendKernel::kAuto, ExtendKernel::kTile});
 }
 
 std::vector<ExtendCase> ExtendCases() {
@@ -278,7 +303,8 @@ TEST(CudaExtendLong, ChunksOverFortyThousandTokens) {
   for (const char* preset : {"k3_v3", "k4_v4"}) {
     for (size_t window : {size_t{0}, size_t{4096}}) {
       const bool means = std::string(preset) == "k4_v4";
-      RunCase({preset, 128, 4, 16, window, 0.0f, means, DType::kF16, DType::kF32}, 8, shapes, 71, 24);
+      RunCase({preset, 128, 4, 16, window, 0.0f, means, DType::kF16, DType::kF32}, 8, shapes, 71, 24,
+              BothKernels(16));
     }
   }
 }
@@ -413,11 +439,13 @@ TEST(CudaExtendPlan, WorkspaceDependsOnQueriesNotHistory) {
   PagedKVCache host = MakeCache("k3_v3", 8, 128, 16, 8, false, 1);
   Result<DeviceLayer> layer = DeviceLayer::Create(host, 0);
   ASSERT_TRUE(layer.ok());
-  // Many query tiles: one split at any history, so the same workspace.
+  // Many query tiles: at most 2 splits (the grid fills the GPU), the same
+  // at any history, so the same workspace.
   Result<ExtendPlan> a = layer->PlanExtend(8, 32, 8 * 512, 512, 32768);
   Result<ExtendPlan> b = layer->PlanExtend(8, 32, 8 * 512, 512, 131072);
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->splits, 1u);
+  EXPECT_LE(a->splits, 2u);
+  EXPECT_EQ(a->splits, b->splits);
   EXPECT_EQ(a->workspace_bytes, b->workspace_bytes);
   // Few query rows: splits fill one wave of the GPU, independent of the
   // history once it is long enough; the workspace follows the splits.
@@ -425,6 +453,8 @@ TEST(CudaExtendPlan, WorkspaceDependsOnQueriesNotHistory) {
   Result<ExtendPlan> e = layer->PlanExtend(16, 32, 16 * 4, 4, 131072);
   ASSERT_TRUE(c.ok() && e.ok());
   EXPECT_EQ(c->rows_per_cta, 16u);
+  EXPECT_EQ(c->kernel, ExtendKernel::kNarrow);  // 16 query rows a KV head
+  EXPECT_EQ(a->kernel, ExtendKernel::kTile);    // 2,048
   EXPECT_GT(c->splits, 1u);
   EXPECT_EQ(c->splits, e->splits);
   EXPECT_EQ(c->workspace_bytes, e->workspace_bytes);
@@ -442,6 +472,19 @@ TEST(CudaExtendArgs, BadArgumentsAreErrors) {
   EXPECT_EQ(layer->PlanExtend(1, 4, 4, 200, 100).status().code(), StatusCode::kInvalidArgument);  // q > kv
   EXPECT_EQ(layer->PlanExtend(2, 4, 9, 4, 100).status().code(), StatusCode::kInvalidArgument);    // 9 > 2 x 4
   EXPECT_EQ(layer->PlanExtend(2, 4, 3, 4, 100).status().code(), StatusCode::kInvalidArgument);    // 3 < 4
+  EXPECT_EQ(layer->PlanExtend(1, 4, 4, 4, 100, static_cast<ExtendKernel>(7)).status().code(),
+            StatusCode::kInvalidArgument);
+  {
+    PagedKVCache bs8 = MakeCache("k4_v4", 2, 128, 8, 8, false, 1);
+    Result<DeviceLayer> l8 = DeviceLayer::Create(bs8, 0);
+    ASSERT_TRUE(l8.ok());
+    const Result<ExtendPlan> narrow = l8->PlanExtend(1, 4, 4, 4, 100, ExtendKernel::kNarrow);
+    EXPECT_EQ(narrow.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(narrow.status().message().find("multiple of 16"), std::string::npos) << narrow.status().ToString();
+    const Result<ExtendPlan> autop = l8->PlanExtend(1, 4, 4, 4, 100);
+    ASSERT_TRUE(autop.ok());
+    EXPECT_EQ(autop->kernel, ExtendKernel::kTile);
+  }
   Result<ExtendPlan> plan = layer->PlanExtend(1, 4, 4, 4, 100);
   ASSERT_TRUE(plan.ok());
   Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes);

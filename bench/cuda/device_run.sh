@@ -47,13 +47,17 @@ if [ "$MODE" = "extend" ] || [ "$MODE" = "extend-bench" ]; then
     done
   fi
   P=${PRESETS:-k3_v3,k4_v4}
-  cases=("--batch 16 --context 32768 --q-len 4,16" "--batch 1,8 --context 32768 --q-len 512"
+  cases=("--batch 16 --context 32768 --q-len 4,8,16,32" "--batch 1,8 --context 32768 --q-len 512"
          "--batch 1 --context 131072 --q-len 2048")
+  # The kernels timed a case: the plan's choice (auto) and each kernel forced
+  # (auto repeats one of them: the repeat shows the run's noise).
+  kernels=("auto,narrow,tile" "auto,narrow" "auto,narrow")
   i=0
   for c in "${cases[@]}"; do
     echo "== extend $c"
     # shellcheck disable=SC2086
-    "$CARRY/bin/tq_cuda_bench" --presets "$P" $c --reps 7 > "$OUT/tq_ext$i.json" 2>> "$OUT/tq.log"; echo "bench rc=$?"
+    "$CARRY/bin/tq_cuda_bench" --presets "$P" $c --extend-kernel "${kernels[$i]}" --reps 7 \
+      > "$OUT/tq_ext$i.json" 2>> "$OUT/tq.log"; echo "bench rc=$?"
     # shellcheck disable=SC2086
     python3 bench/cuda/sdpa_bench.py $c > "$OUT/sdpa_ext$i.json" 2>> "$OUT/sdpa.log"; echo "sdpa rc=$?"
     i=$((i + 1))

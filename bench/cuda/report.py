@@ -13,9 +13,9 @@ import json
 def extend_table(tq, sd, base, out_json):
     rows = []
     print(f"device: {tq['device']}; torch {sd['torch']}\n")
-    print("| preset | B | N | q_len | SDPA flash ms | SDPA cuDNN ms | tq ms | speedup vs faster SDPA | tq TFLOP/s | "
-          "workspace bytes | splits | rows/CTA |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| preset | B | N | q_len | kernel | SDPA flash ms | SDPA cuDNN ms | tq ms | speedup vs faster SDPA | "
+          "tq TFLOP/s | workspace bytes | splits | rows/CTA |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in tq["results"]:
         s = base.get((r["batch"], r["context"], r.get("q_len", 1)), {})
         cands = [c for c in (s.get("flash_ms"), s.get("cudnn_ms")) if c]
@@ -23,7 +23,10 @@ def extend_table(tq, sd, base, out_json):
         sp = best / r["tq_ms"] if best else None
         fmt = lambda x, m=None: (f"{x:.4f}" + (f" ({m})" if m and m not in ("gqa", "lower_right") else "")) if x \
             else (m or "-")
-        print(f"| {r['preset']} | {r['batch']} | {r['context']} | {r.get('q_len', 1)} | "
+        kernel = r.get("kernel", "-")
+        if r.get("kernel_asked", "auto") == "auto" and kernel != "-":
+            kernel += " (auto)"
+        print(f"| {r['preset']} | {r['batch']} | {r['context']} | {r.get('q_len', 1)} | {kernel} | "
               f"{fmt(s.get('flash_ms'), s.get('flash_mode'))} | {fmt(s.get('cudnn_ms'), s.get('cudnn_mode'))} | "
               f"{r['tq_ms']:.4f} | {f'{sp:.2f}x' if sp else '-'} | {r.get('tflops', 0):.1f} | "
               f"{r.get('workspace_bytes', '-')} | {r['splits']} | {r.get('rows_per_cta', '-')} |")

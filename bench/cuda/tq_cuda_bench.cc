@@ -4,8 +4,11 @@
 // object) on stdout and a progress line per case on stderr.
 //
 //   tq_cuda_bench --presets k3_v3,k4_v3 --batch 1,8,16,32 --context 4096,32768,131072
-//                 [--q-len 4,16,512] [--q-heads 32] [--kv-heads 8] [--head-dim 128]
-//                 [--block 16] [--reps 15]
+//                 [--q-len 4,16,512] [--extend-kernel auto,narrow,tile] [--q-heads 32]
+//                 [--kv-heads 8] [--head-dim 128] [--block 16] [--reps 15]
+//
+// --extend-kernel: the extend kernels to time for each case (PlanExtend's
+// ExtendKernel; default auto = the plan's choice).
 //
 // Decode time: CUDA events around 10 back-to-back decodes (rotating among
 // several copies of the cache when one copy would fit in L2), median of
@@ -125,7 +128,7 @@ struct ExtendResult {
 // counted: 4 * d per visible (query head, key) pair, causal.
 ExtendResult TimeExtend(const DeviceLayer& layer, size_t B, size_t hq, size_t d, size_t N, size_t ql,
                         size_t pages_per_seq, size_t copies, const DeviceBuffer& tables, const DeviceBuffer& lens,
-                        int reps, std::mt19937_64& g) {
+                        int reps, ExtendKernel kernel, std::mt19937_64& g) {
   const size_t total_q = B * ql;
   std::vector<uint16_t> qh(total_q * hq * d);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -140,7 +143,7 @@ ExtendResult TimeExtend(const DeviceLayer& layer, size_t B, size_t hq, size_t d,
   Check(dcu.status(), "alloc");
   Check(dcu->CopyFromHost(cu.data(), cu.size() * 4), "cu");
   ExtendResult res;
-  Result<ExtendPlan> plan = layer.PlanExtend(B, hq, total_q, ql, N);
+  Result<ExtendPlan> plan = layer.PlanExtend(B, hq, total_q, ql, N, kernel);
   Check(plan.status(), "plan extend");
   res.plan = *plan;
   Result<DeviceBuffer> ws = DeviceBuffer::Allocate(plan->workspace_bytes);
@@ -177,6 +180,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> batches = {1, 8, 16, 32}, contexts = {4096, 32768, 131072};
   size_t hq = 32, hkv = 8, d = 128, bs = 16;
   std::vector<size_t> q_lens;  // empty: decode; else extend with these query tokens a sequence
+  std::vector<ExtendKernel> kernels = {ExtendKernel::kAuto};
   int reps = 15;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -202,6 +206,19 @@ int main(int argc, char** argv) {
       bs = std::stoul(val());
     } else if (a == "--q-len") {
       for (auto& x : Split(val())) q_lens.push_back(std::stoul(x));
+    } else if (a == "--extend-kernel") {
+      kernels.clear();
+      for (auto& x : Split(val())) {
+        if (x == "auto") {
+          kernels.push_back(ExtendKernel::kAuto);
+        } else if (x == "narrow") {
+          kernels.push_back(ExtendKernel::kNarrow);
+        } else if (x == "tile") {
+          kernels.push_back(ExtendKernel::kTile);
+        } else {
+          Die("--extend-kernel takes auto, narrow or tile, got " + x);
+        }
+      }
     } else if (a == "--reps") {
       reps = std::stoi(val());
     } else {
@@ -293,25 +310,29 @@ int main(int argc, char** argv) {
         Check(dl->CopyFromHost(lens.data(), B * 4), "lens");
         if (!q_lens.empty()) {
           for (size_t ql : q_lens) {
-            if (ql > N) continue;
-            const ExtendResult r = TimeExtend(*layer, B, hq, d, N, ql, pages_per_seq, copies, *dt, *dl, reps, g);
-            const double gbps = kv_bytes / (r.ms * 1e-3) / 1e9;
-            std::fprintf(stderr,
-                         "%-8s B=%-3zu N=%-7zu q_len=%-5zu extend %.4f ms  %.0f GB/s of KV  %.1f TFLOP/s  "
-                         "(rows/CTA %zu, splits %zu, workspace %zu B, %s)\n",
-                         preset.c_str(), B, N, ql, r.ms, gbps, r.tflops, r.plan.rows_per_cta, r.plan.splits,
-                         r.plan.workspace_bytes, r.plan.decode_route ? "decode route" : "extend kernel");
-            std::printf(
-                "%s{\"preset\":\"%s\",\"batch\":%zu,\"context\":%zu,\"q_len\":%zu,\"q_heads\":%zu,"
-                "\"kv_heads\":%zu,\"head_dim\":%zu,\"block_size\":%zu,\"tq_ms\":%.5f,\"kv_bytes\":%zu,"
-                "\"kv_gbps\":%.1f,\"kv_frac_of_copy\":%.3f,\"tflops\":%.2f,\"write_gbps\":%.1f,"
-                "\"write_frac_of_copy\":%.3f,\"splits\":%zu,\"rows_per_cta\":%zu,\"workspace_bytes\":%zu,"
-                "\"decode_route\":%s}",
-                first ? "" : ",", preset.c_str(), B, N, ql, hq, hkv, d, bs, r.ms, kv_bytes, gbps, gbps / copy_gbps,
-                r.tflops, write_gbps, write_gbps / copy_gbps, r.plan.splits, r.plan.rows_per_cta,
-                r.plan.workspace_bytes, r.plan.decode_route ? "true" : "false");
-            std::fflush(stdout);
-            first = false;
+            for (ExtendKernel kernel : kernels) {
+              if (ql > N) continue;
+              const ExtendResult r =
+                  TimeExtend(*layer, B, hq, d, N, ql, pages_per_seq, copies, *dt, *dl, reps, kernel, g);
+              const char* ran = r.plan.decode_route ? "decode" : ExtendKernelName(r.plan.kernel);
+              const double gbps = kv_bytes / (r.ms * 1e-3) / 1e9;
+              std::fprintf(stderr,
+                           "%-8s B=%-3zu N=%-7zu q_len=%-5zu extend %.4f ms  %.0f GB/s of KV  %.1f TFLOP/s  "
+                           "(asked %s, ran %s; rows/CTA %zu, splits %zu, workspace %zu B)\n",
+                           preset.c_str(), B, N, ql, r.ms, gbps, r.tflops, ExtendKernelName(kernel), ran,
+                           r.plan.rows_per_cta, r.plan.splits, r.plan.workspace_bytes);
+              std::printf(
+                  "%s{\"preset\":\"%s\",\"batch\":%zu,\"context\":%zu,\"q_len\":%zu,\"q_heads\":%zu,"
+                  "\"kv_heads\":%zu,\"head_dim\":%zu,\"block_size\":%zu,\"tq_ms\":%.5f,\"kv_bytes\":%zu,"
+                  "\"kv_gbps\":%.1f,\"kv_frac_of_copy\":%.3f,\"tflops\":%.2f,\"write_gbps\":%.1f,"
+                  "\"write_frac_of_copy\":%.3f,\"splits\":%zu,\"rows_per_cta\":%zu,\"workspace_bytes\":%zu,"
+                  "\"decode_route\":%s,\"kernel_asked\":\"%s\",\"kernel\":\"%s\"}",
+                  first ? "" : ",", preset.c_str(), B, N, ql, hq, hkv, d, bs, r.ms, kv_bytes, gbps, gbps / copy_gbps,
+                  r.tflops, write_gbps, write_gbps / copy_gbps, r.plan.splits, r.plan.rows_per_cta,
+                  r.plan.workspace_bytes, r.plan.decode_route ? "true" : "false", ExtendKernelName(kernel), ran);
+              std::fflush(stdout);
+              first = false;
+            }
           }
           continue;
         }

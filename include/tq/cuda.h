@@ -135,14 +135,31 @@ struct DecodeArgs {
 // included (written by WriteSlots before the call, so a chunk sees itself):
 // query i of sequence b sits at position kv_len_b - q_len_b + i and attends
 // to the keys at positions <= its own (with a window W: the last W of them).
+//
+// Two extend kernels: the narrow kernel (few query rows a KV head: the
+// decode's register layout, query rows as the columns of the tensor-core
+// products, every decoded key and value fragment used by 8 or 16 rows) and
+// the tile kernel (more rows: 64-token K/V tiles decoded once a CTA into
+// shared memory, FlashAttention-2-style row blocks). kAuto picks by the
+// query rows a KV head (max_q_len x GQA) and the block size; the others
+// force a kernel (tests, benchmarks).
+enum class ExtendKernel : int {
+  kAuto = 0,
+  kNarrow = 1,  // needs a block size that is a multiple of 16
+  kTile = 2,
+};
+const char* ExtendKernelName(ExtendKernel k);  // "auto", "narrow", "tile"
+
 struct ExtendPlan {
-  // Every sequence brings one query token (max_q_len 1, total_q == batch):
-  // PagedExtend runs the decode kernels with `decode` (when no soft-cap is
-  // asked for), which are as fast as PagedDecode because they are it.
+  // Every sequence brings one query token (max_q_len 1, total_q == batch)
+  // and kAuto was asked: PagedExtend runs the decode kernels with `decode`
+  // (when no soft-cap is asked for), which are as fast as PagedDecode
+  // because they are it.
   bool decode_route = false;
   DecodePlan decode;
-  size_t rows_per_cta = 0;      // query rows (token x GQA head) a CTA: 16, 32 or 64
-  size_t q_tiles = 0;           // CTAs along the longest sequence's queries
+  ExtendKernel kernel = ExtendKernel::kAuto;  // the kernel chosen: kNarrow or kTile
+  size_t rows_per_cta = 0;      // query rows (token x GQA head) a CTA: narrow 8 or 16, tile 16, 32 or 64
+  size_t q_tiles = 0;           // CTAs along the longest sequence's query rows
   size_t splits = 0;            // token splits of the history
   size_t tokens_per_split = 0;
   size_t workspace_bytes = 0;   // from total_q, num_q_heads and splits; not from the history
@@ -242,7 +259,7 @@ class DeviceLayer {
   // PagedDecode: no allocation, no host synchronization; the workspace
   // depends on total_q, num_q_heads and the plan's splits only.
   Result<ExtendPlan> PlanExtend(size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
-                                size_t max_seq_len) const;
+                                size_t max_seq_len, ExtendKernel kernel = ExtendKernel::kAuto) const;
   Status PagedExtend(const ExtendArgs& args, void* stream = nullptr) const;
 
   // Whole-plane copies between the device and a host PagedKVCache with the
