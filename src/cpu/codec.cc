@@ -1,8 +1,8 @@
 // Highway SIMD kernels of the CPU codec: dynamic dispatch over the per-target
 // code in cpu/codec-inl.h (see there for the arithmetic contract: the code
 // bytes equal tq::ref's on every target).
-// AVX3_DL (AVX-512 with VNNI, VBMI, ...) is compiled too: the integer
-// attention kernels use vpdpwssd there (cpu/attention-inl.h).
+// AVX3_DL (AVX-512 with VNNI, VBMI, ...) is compiled too, as in the attention
+// unit (cpu/attention.cc), which calls a few of these kernels per target.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif
@@ -15,7 +15,6 @@
 #include <hwy/highway.h>
 
 #include "cpu/codec-inl.h"
-#include "cpu/attention-inl.h"
 
 #if HWY_ONCE
 
@@ -29,12 +28,8 @@ HWY_EXPORT(EncodeRowsImpl);
 HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(ScoreRowsImpl);
 HWY_EXPORT(TargetNameImpl);
-HWY_EXPORT(AttnRunImpl);
-HWY_EXPORT(AttnKernelNameImpl);
 HWY_EXPORT(PrepareQueryImpl);
 HWY_EXPORT(RotateInverseImpl);
-
-void AttnRun(const attn::Task& task) { HWY_DYNAMIC_DISPATCH(AttnRunImpl)(task); }
 
 void PrepareQuery(const CodecPlan& plan, const float* q, float* q_rot, float* q_sketch) {
   HWY_DYNAMIC_DISPATCH(PrepareQueryImpl)(plan, q, q_rot, q_sketch);
@@ -43,8 +38,6 @@ void PrepareQuery(const CodecPlan& plan, const float* q, float* q_rot, float* q_
 void RotateInverse(const CodecPlan& plan, float* y, float* x) {
   HWY_DYNAMIC_DISPATCH(RotateInverseImpl)(plan, y, x);
 }
-
-const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(AttnKernelNameImpl)(); }
 
 size_t EncodeRows(const CodecPlan& plan, const float* x, size_t rows, uint8_t* out) {
   return HWY_DYNAMIC_DISPATCH(EncodeRowsImpl)(plan, x, rows, out);

@@ -1,4 +1,5 @@
-// Entry points of the Highway SIMD kernels (src/cpu/codec-inl.h), dispatched
+// Entry points of the Highway SIMD kernels (src/cpu/codec-inl.h and, for
+// attention, src/cpu/attention-inl.h), dispatched
 // at run time to the best target this CPU supports. Same contracts and same
 // bytes as tq::ref (src/ref/kernels.h). Internal header.
 #ifndef TQ_SRC_CPU_DISPATCH_H_
