@@ -661,9 +661,17 @@ const char* ExtendKernelName(ExtendKernel k) {
 }
 
 namespace {
-// kAuto takes the narrow kernel up to this many query rows a KV head
-// (max_q_len x GQA), the tile kernel above.
-constexpr size_t kNarrowMaxRows = 64;
+// kAuto's kernel for `rows` query rows a KV head (max_q_len x GQA), from
+// the H100 timings in docs/BENCHMARKS.md (CUDA extend): the narrow kernel
+// was as fast or faster everywhere (16 rows: 2.2-3.3x; 128 to 8,192 rows:
+// within 1% or up to 1.3x) except with 2/3-bit TurboQuant keys at 17-64
+// rows, where its one split of 2-4 column blocks a head fills the GPU in
+// 1.3 waves and the tile kernel's split grid ran 1.06-1.23x faster.
+bool AutoNarrow(const Layer& L, size_t rows) {
+  if (L.block_size % 16 != 0) return false;
+  const bool low_bit_keys = L.k.kind == detail::kCompTq && L.k.bits <= 3;
+  return !(low_bit_keys && rows > 16 && rows <= 64);
+}
 }  // namespace
 
 Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
@@ -698,8 +706,7 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   const size_t group = num_q_heads / L.H;
   ExtendPlan p;
   const size_t rows = max_q_len * group;
-  const bool narrow = kernel == ExtendKernel::kNarrow ||
-                      (kernel == ExtendKernel::kAuto && narrow_fits && rows <= kNarrowMaxRows);
+  const bool narrow = kernel == ExtendKernel::kNarrow || (kernel == ExtendKernel::kAuto && AutoNarrow(L, rows));
   p.kernel = narrow ? ExtendKernel::kNarrow : ExtendKernel::kTile;
   int per_sm = 0;
   if (narrow) {
@@ -718,22 +725,13 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   }
   if (per_sm == 0) return InternalError("PlanExtend: the extend kernel does not fit a multiprocessor");
   const size_t capacity = static_cast<size_t>(std::max(impl_->sm_count, 1)) * static_cast<size_t>(per_sm);
-  // Splits in whole waves: a grid of ctas x splits CTAs runs in
-  // ceil(ctas x splits / capacity) waves, each as long as one split's share
-  // of the history (1 / splits), so the time goes as waves / splits: the
-  // fewest splits within 2% of the best, up to 4 x capacity / ctas (at
-  // least 2; more splits mean a larger workspace and merge), and at least
-  // 256 tokens a split. The choice depends on the grid and the GPU, not on
-  // the history (beyond 256 tokens x splits), so neither does the workspace.
+  // Splits only while the query tiles leave the GPU idle (few query rows:
+  // speculative verification, short chunks): as many as fit one wave (a
+  // partial second wave would double the time), with at least 256 tokens a
+  // split. From 256 x that many tokens of history on, the splits, and with
+  // them the workspace, no longer depend on it.
   const size_t ctas = p.q_tiles * L.H * batch;
-  const size_t max_splits = std::max<size_t>(2, (4 * capacity + ctas - 1) / ctas);
-  auto wave_cost = [&](size_t sp) {
-    return static_cast<double>((ctas * sp + capacity - 1) / capacity) / static_cast<double>(sp);
-  };
-  double best = wave_cost(1);
-  for (size_t sp = 2; sp <= max_splits; ++sp) best = std::min(best, wave_cost(sp));
-  size_t splits = 1;
-  while (wave_cost(splits) > 1.02 * best) ++splits;
+  size_t splits = std::max<size_t>(1, capacity / ctas);
   splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
   p.tokens_per_split = ((max_seq_len + splits - 1) / splits + 63) / 64 * 64;
   p.splits = (max_seq_len + p.tokens_per_split - 1) / p.tokens_per_split;

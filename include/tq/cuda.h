@@ -140,9 +140,10 @@ struct DecodeArgs {
 // decode's register layout, query rows as the columns of the tensor-core
 // products, every decoded key and value fragment used by 8 or 16 rows) and
 // the tile kernel (more rows: 64-token K/V tiles decoded once a CTA into
-// shared memory, FlashAttention-2-style row blocks). kAuto picks by the
-// query rows a KV head (max_q_len x GQA) and the block size; the others
-// force a kernel (tests, benchmarks).
+// shared memory, FlashAttention-2-style row blocks). kAuto takes the
+// narrow kernel where the block size is a multiple of 16, except for 2/3-bit
+// TurboQuant keys at 17-64 query rows a KV head (max_q_len x GQA), where the
+// tile kernel measured faster; the others force a kernel (tests, benchmarks).
 enum class ExtendKernel : int {
   kAuto = 0,
   kNarrow = 1,  // needs a block size that is a multiple of 16
