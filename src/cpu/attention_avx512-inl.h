@@ -13,7 +13,7 @@
 #include "cpu/attention_int16-inl.h"
 
 // HWY_BEFORE_NAMESPACE, with AVX-512 VNNI on AVX3_DL (attention_shared-inl.h).
-HWY_PUSH_ATTRIBUTES(TQ_ATTN_VNNI_TARGET_STR)
+TQ_ATTN_BEFORE_VNNI_NAMESPACE();
 namespace tq::cpu::HWY_NAMESPACE {
 namespace attnk {
 

@@ -398,9 +398,9 @@ inline bool CpuHasVnni() {
 // Highway's AVX3_DL attributes name AVX-VNNI, not the AVX-512 form: these
 // kernels leave Highway's attribute region for one that adds it, to the end
 // of this file; the parts up to attention_int16_values-inl.h open theirs with
-// it (TQ_ATTN_VNNI_TARGET_STR). InitI16 checks the CPU for it.
+// it (TQ_ATTN_BEFORE_VNNI_NAMESPACE). InitI16 checks the CPU for it.
 HWY_POP_ATTRIBUTES
-HWY_PUSH_ATTRIBUTES(TQ_ATTN_VNNI_TARGET_STR)
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512vnni")
 #define TQ_I16_VNNI 1
 #else
 #undef TQ_I16_VNNI

@@ -31,15 +31,19 @@
 #include "ref/kernels.h"
 #include "tq/format.h"
 
-// The target string of the integer kernels' parts: on AVX3_DL, Highway's
+// HWY_BEFORE_NAMESPACE of the integer kernels' parts: on AVX3_DL, Highway's
 // attributes name AVX-VNNI, not the AVX-512 form, so the parts from
 // attention_avx512-inl.h to attention_int16_values-inl.h (and the end of
 // attention_int16-inl.h) add it (vpdpwssd); InitI16 checks the CPU for it.
-#undef TQ_ATTN_VNNI_TARGET_STR
+// Other targets open Highway's region as it is (none where the target has
+// no attribute string, e.g. EMU128); HWY_AFTER_NAMESPACE closes either.
+#undef TQ_ATTN_BEFORE_VNNI_NAMESPACE
 #if HWY_TARGET == HWY_AVX3_DL
-#define TQ_ATTN_VNNI_TARGET_STR HWY_TARGET_STR ",avx512vnni"
+#define TQ_ATTN_BEFORE_VNNI_NAMESPACE()                 \
+  HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512vnni") \
+  static_assert(true, "For requiring trailing semicolon")
 #else
-#define TQ_ATTN_VNNI_TARGET_STR HWY_TARGET_STR
+#define TQ_ATTN_BEFORE_VNNI_NAMESPACE() HWY_BEFORE_NAMESPACE()
 #endif
 
 HWY_BEFORE_NAMESPACE();
