@@ -331,7 +331,25 @@ void RegisterDemo(CLI::App& app) {
                  std::to_string(static_cast<size_t>(16.0 * 1073741824.0 / per_token))});
     }
     kv.Print(stdout);
-    std::printf("   (row sizes; a live cache's ledger also counts dense windows and buffer slack: tq bench kv;\n    quality: tq bench kv-quality)\n");
+    std::printf("   (row sizes; a live cache's ledger also counts dense windows and buffer slack: tq bench kv)\n");
+
+    // Attention on K/V of the head_dim that served models use, before the
+    // tiny model (head_dim 8), where per-row scales weigh more.
+    const KVSource src = QualitySources({}, 0).front();
+    std::printf("\n4) Attention on the compressed cache: %s,\n"
+                "   every token compressed; error vs fp64 attention on the original K/V\n", src.name.c_str());
+    Table q({"preset", "bits/value", "K rel MSE", "V rel MSE", "attn out rel err"});
+    Progress qp("demo attention quality");
+    const char* quality_presets[] = {"k8_v8", "k4_v4", "k4_v3", "k3_v3", "kivi4", "kivi2"};
+    for (size_t i = 0; i < std::size(quality_presets); ++i) {
+      qp.Update(i, std::size(quality_presets));
+      const QualityRow r = MeasureQuality(quality_presets[i], src);
+      q.AddRow({r.preset, FmtFixed(r.bits_per_value, 3), Fmt(r.k_rel_mse, 3), Fmt(r.v_rel_mse, 3),
+                Fmt(r.attn_rel_err, 3)});
+    }
+    qp.Done();
+    q.Print(stdout);
+    std::printf("   (more presets and real K/V: tq bench kv-quality; a real encoder: docs/BENCHMARKS.md)\n");
     DemoModelSection(args->model);
     std::printf("\nMore: tq distortion --help, tq bench codec --help, tq bench kv --help, tq eval --help\n");
   });

@@ -70,11 +70,7 @@ KvBytesRow MeasureKvBytes(const std::string& preset, const ModelShape& shape, si
 // ---------------------------------------------------------------------------
 // Quality.
 // ---------------------------------------------------------------------------
-struct QualityRow {
-  std::string preset;
-  double bits_per_value = 0;
-  double k_rel_mse = 0, v_rel_mse = 0, attn_rel_err = 0;
-};
+
 
 // K, V: [T][kv_heads][d]; Q: [T][q_heads][d]. Everything is compressed
 // (no sinks, no recent window: the format alone), prefilled in one Append.
@@ -151,6 +147,12 @@ QualityRow Finish(const std::string& preset, size_t d, const double* acc) {
 
 
 }  // namespace
+
+QualityRow MeasureQuality(const std::string& preset, const KVSource& src) {
+  double acc[6] = {0, 0, 0, 0, 0, 0};
+  for (size_t l = 0; l < src.K.size(); ++l) EvalLayer(preset, src.kvh, src.qh, src.d, src.K[l], src.V[l], src.Q[l], acc);
+  return Finish(preset, src.d, acc);
+}
 
 void RegisterBenchKv(CLI::App& bench) {
   struct Args {
@@ -230,9 +232,7 @@ void RegisterBenchKvQuality(CLI::App& bench) {
       for (const auto& preset : QualityPresets()) {
         progress.Update(step++, sources.size() * QualityPresets().size());
         if (!PresetBytesPerTokenHead(*GetKVPreset(preset), src.d).ok()) continue;
-        double acc[6] = {0, 0, 0, 0, 0, 0};
-        for (size_t l = 0; l < src.K.size(); ++l) EvalLayer(preset, src.kvh, src.qh, src.d, src.K[l], src.V[l], src.Q[l], acc);
-        rows.push_back(Finish(preset, src.d, acc));
+        rows.push_back(MeasureQuality(preset, src));
       }
       nlohmann::json js;
       js["source"] = src.name;

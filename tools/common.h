@@ -111,6 +111,18 @@ std::vector<KVSource> QualitySources(const std::vector<std::string>& models, siz
 // The presets the quality tables report, in their order.
 const std::vector<std::string>& QualityPresets();
 
+// One preset's error on one source (every layer), everything compressed (no
+// sinks, no dense window): relative MSE of the reconstructed keys and
+// values, and the relative squared error of the causal attention output
+// over the second half of the positions, against fp64 attention on the
+// original K/V (tq bench kv-quality, tq demo).
+struct QualityRow {
+  std::string preset;
+  double bits_per_value = 0;
+  double k_rel_mse = 0, v_rel_mse = 0, attn_rel_err = 0;
+};
+QualityRow MeasureQuality(const std::string& preset, const KVSource& src);
+
 }  // namespace tq::tools
 
 #endif  // TQ_TOOLS_COMMON_H_
