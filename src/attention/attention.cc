@@ -5,6 +5,28 @@
 // pool by the per-target kernel (src/cpu/attention-inl.h), merges token chunks
 // with a log-sum-exp combine, and rotates TurboQuant value sums back once per
 // query row.
+//
+// This file is also the kernels' Highway dispatch unit: Highway compiles
+// cpu/attention-inl.h (and its parts) once per SIMD target here, and
+// cpu::AttnRun / cpu::AttnKernelName (cpu/dispatch.h) pick the target's
+// instance at run time. The targets are the codec's (cpu/codec.cc), AVX3_DL
+// included: the integer kernels use vpdpwssd there. The kernels call three
+// of the codec's per-target kernels (UnpackIndices, SignDot,
+// ScoreRowsImpl), which cpu/codec.cc compiles. Everything below HWY_ONCE is
+// compiled once.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/attention.cc"  // relative to the src/ include dir
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "cpu/attention-inl.h"
+
+#if HWY_ONCE
+
 #include "tq/attention.h"
 
 #include <algorithm>
@@ -853,3 +875,16 @@ Status DensePrefillAttention(const DenseKVView& kv, size_t num_q_heads, size_t q
 }
 
 }  // namespace tq
+
+namespace tq::cpu {
+
+HWY_EXPORT(AttnRunImpl);
+HWY_EXPORT(AttnKernelNameImpl);
+
+void AttnRun(const attn::Task& task) { HWY_DYNAMIC_DISPATCH(AttnRunImpl)(task); }
+
+const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(AttnKernelNameImpl)(); }
+
+}  // namespace tq::cpu
+
+#endif  // HWY_ONCE

@@ -1,5 +1,5 @@
 // Per-target attention kernels (entry point: AttnRunImpl, dispatched from
-// cpu/attention.cc, which includes this file once per SIMD target). One
+// attention/attention.cc, which includes this file once per SIMD target). One
 // call runs one work item (attn::Task): a set of query
 // rows of one KV head against the positions [t0, t1) of its segments, with an
 // online softmax whose state lives in the rows.
@@ -31,8 +31,8 @@
 //   attention_avx512_groups-inl.h AVX3_DL group-scaled and split kernels
 //   attention_avx2-inl.h          AVX2 fixed-shape kernels (intrinsics and asm)
 //   attention_int16_values-inl.h  the integer value kernel AccumMse16
-//   attention_select-inl.h        the kernel for a segment (ScoreGroup, AccumGroup)
-//   attention_tile-inl.h          the tile loop (AttnRunImpl)
+//   attention_tile-inl.h          the kernel for a segment (ScoreGroup, AccumGroup)
+//                                 and the tile loop (AttnRunImpl)
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -49,7 +49,6 @@
 #include "cpu/attention_avx512_groups-inl.h"
 #include "cpu/attention_avx2-inl.h"
 #include "cpu/attention_int16_values-inl.h"
-#include "cpu/attention_select-inl.h"
 #include "cpu/attention_tile-inl.h"
 
 #endif  // per-target include guard

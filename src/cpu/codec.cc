@@ -2,7 +2,7 @@
 // code in cpu/codec-inl.h (see there for the arithmetic contract: the code
 // bytes equal tq::ref's on every target).
 // AVX3_DL (AVX-512 with VNNI, VBMI, ...) is compiled too, as in the attention
-// unit (cpu/attention.cc), which calls a few of these kernels per target.
+// unit (attention/attention.cc), which calls a few of these kernels per target.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif
