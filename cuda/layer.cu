@@ -660,6 +660,13 @@ const char* ExtendKernelName(ExtendKernel k) {
   return "unknown";
 }
 
+// The extend plan's split rule, a knob for A/B builds (-DTQ_EXTEND_WAVE_SPLITS=1
+// in CMAKE_CUDA_FLAGS): 0 = as many splits as fit one wave (measured, the
+// default); 1 = splits in whole waves, as PlanDecode counts them.
+#ifndef TQ_EXTEND_WAVE_SPLITS
+#define TQ_EXTEND_WAVE_SPLITS 0
+#endif
+
 namespace {
 // kAuto's kernel for `rows` query rows a KV head (max_q_len x GQA), from
 // the H100 timings in docs/BENCHMARKS.md (CUDA extend): the narrow kernel
@@ -732,6 +739,21 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   // them the workspace, no longer depend on it.
   const size_t ctas = p.q_tiles * L.H * batch;
   size_t splits = std::max<size_t>(1, capacity / ctas);
+#if TQ_EXTEND_WAVE_SPLITS
+  // Candidate rule for an A/B build (not measured): splits in whole waves,
+  // time ~ ceil(ctas x splits / capacity) / splits, the fewest splits within
+  // 2% of the best up to max(2, 4 x capacity / ctas).
+  {
+    const size_t max_splits = std::max<size_t>(2, (4 * capacity + ctas - 1) / ctas);
+    auto wave_cost = [&](size_t sp) {
+      return static_cast<double>((ctas * sp + capacity - 1) / capacity) / static_cast<double>(sp);
+    };
+    double best = wave_cost(1);
+    for (size_t sp = 2; sp <= max_splits; ++sp) best = std::min(best, wave_cost(sp));
+    splits = 1;
+    while (wave_cost(splits) > 1.02 * best) ++splits;
+  }
+#endif
   splits = std::min(splits, std::max<size_t>(1, (max_seq_len + 255) / 256));
   p.tokens_per_split = ((max_seq_len + splits - 1) / splits + 63) / 64 * 64;
   p.splits = (max_seq_len + p.tokens_per_split - 1) / p.tokens_per_split;
