@@ -435,6 +435,19 @@ struct QualityAcc {
   size_t rows = 0;
 };
 
+AttnQualityRow FinishQuality(const std::string& preset, size_t d, const QualityAcc& acc) {
+  AttnQualityRow r;
+  r.preset = preset;
+  r.bits_per_value = *PresetBitsPerValue(*GetKVPreset(preset), d);
+  r.out_nmse = acc.num / acc.den;
+  r.kl_mean = acc.kl_sum / static_cast<double>(acc.rows);
+  r.kl_max = acc.kl_max;
+  r.top8 = acc.top_sum / static_cast<double>(acc.rows);
+  r.fast_vs_ref = acc.fast_den > 0 ? acc.fast_num / acc.fast_den : 0.0;
+  r.rows = acc.rows;
+  return r;
+}
+
 // One layer: queries at positions [T/2, T) (every query head), causal, no
 // window. The dense reference and the compressed weights both come from
 // ref::Attention (fp64), on the original and on the decoded K/V.
@@ -443,17 +456,13 @@ void QualityLayer(const std::string& preset, const KVPolicy& policy, size_t kvh,
                   QualityAcc* acc) {
   const size_t T = K.size() / (kvh * d);
   const size_t q0 = T / 2, n = T - q0;
-  auto cache = KVCache::Create({.shape = {1, kvh, d}, .max_sequences = 1, .preset = preset, .policy = policy});
-  if (!cache.ok()) Fail(cache.status());
-  Status s = cache->Append(0, 0, K, V);
-  if (!s.ok()) Fail(s);
-  std::vector<float> Kh(K.size()), Vh(V.size());
-  s = cache->DequantizeForDiagnostics(0, 0, Kh, Vh);
-  if (!s.ok()) Fail(s);
+  std::vector<float> Kh, Vh;
+  KVCache cache =
+      RoundTripKV({.shape = {1, kvh, d}, .max_sequences = 1, .preset = preset, .policy = policy}, K, V, &Kh, &Vh);
   const std::span<const float> q(Q.data() + q0 * qh * d, n * qh * d);
   std::vector<double> out_ref(n * qh * d), out_c(n * qh * d), w_ref(n * qh * T), w_c(n * qh * T);
   const AttentionOptions opt{};
-  s = ref::Attention(q, n, qh, K, V, T, kvh, d, q0, opt, out_ref, w_ref);
+  Status s = ref::Attention(q, n, qh, K, V, T, kvh, d, q0, opt, out_ref, w_ref);
   if (!s.ok()) Fail(s);
   s = ref::Attention(q, n, qh, Kh, Vh, T, kvh, d, q0, opt, out_c, w_c);
   if (!s.ok()) Fail(s);
@@ -477,7 +486,7 @@ void QualityLayer(const std::string& preset, const KVPolicy& policy, size_t kvh,
   acc->rows += n * qh;
   // The fast path on the same codes (a check that the table describes what
   // PrefillAttention computes).
-  auto view = cache->View(0, 0);
+  auto view = cache.View(0, 0);
   if (!view.ok()) Fail(view.status());
   std::vector<float> out_fast(n * qh * d);
   s = PrefillAttention(*view, qh, q0, q, out_fast, {.threads = 0});
@@ -556,16 +565,7 @@ AttnQualityRow QualityCapture(const std::string& preset, const KVPolicy& policy,
       }
     }
   }
-  AttnQualityRow r;
-  r.preset = preset;
-  r.bits_per_value = *PresetBitsPerValue(*GetKVPreset(preset), d);
-  r.out_nmse = acc.num / acc.den;
-  r.kl_mean = acc.kl_sum / static_cast<double>(acc.rows);
-  r.kl_max = acc.kl_max;
-  r.top8 = acc.top_sum / static_cast<double>(acc.rows);
-  r.fast_vs_ref = acc.fast_den > 0 ? acc.fast_num / acc.fast_den : 0.0;
-  r.rows = acc.rows;
-  return r;
+  return FinishQuality(preset, d, acc);
 }
 
 }  // namespace
@@ -800,16 +800,7 @@ void RegisterBenchAttentionQuality(CLI::App& bench) {
         for (size_t l = 0; l < src.K.size(); ++l) {
           QualityLayer(preset, policy, src.kvh, src.qh, src.d, src.K[l], src.V[l], src.Q[l], &acc);
         }
-        AttnQualityRow r;
-        r.preset = preset;
-        r.bits_per_value = *PresetBitsPerValue(*GetKVPreset(preset), src.d);
-        r.out_nmse = acc.num / acc.den;
-        r.kl_mean = acc.kl_sum / static_cast<double>(acc.rows);
-        r.kl_max = acc.kl_max;
-        r.top8 = acc.top_sum / static_cast<double>(acc.rows);
-        r.fast_vs_ref = acc.fast_den > 0 ? acc.fast_num / acc.fast_den : 0.0;
-        r.rows = acc.rows;
-        rows.push_back(r);
+        rows.push_back(FinishQuality(preset, src.d, acc));
       }
       nlohmann::ordered_json js;
       js["source"] = src.name;

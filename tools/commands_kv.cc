@@ -83,13 +83,8 @@ QualityRow EvalLayer(const std::string& preset, size_t kvh, size_t qh, size_t d,
   cfg.policy.recent_window = 0;
   cfg.policy.compress_chunk = 1;
   cfg.policy.dense_type = Half16::kBF16;  // never the bottleneck of an f16 check
-  auto cache = KVCache::Create(cfg);
-  if (!cache.ok()) Fail(cache.status());
-  Status s = cache->Append(0, 0, K, V);
-  if (!s.ok()) Fail(s);
-  std::vector<float> Kh(K.size()), Vh(V.size());
-  s = cache->DequantizeForDiagnostics(0, 0, Kh, Vh);
-  if (!s.ok()) Fail(s);
+  std::vector<float> Kh, Vh;
+  RoundTripKV(cfg, K, V, &Kh, &Vh);
   for (size_t i = 0; i < K.size(); ++i) {
     acc[0] += (Kh[i] - K[i]) * (Kh[i] - K[i]);
     acc[1] += static_cast<double>(K[i]) * K[i];

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "tq/model.h"
 #include "tq/random.h"
@@ -277,6 +278,17 @@ std::vector<KVSource> QualitySources(const std::vector<std::string>& models, siz
     sources.push_back(std::move(s));
   }
   return sources;
+}
+
+KVCache RoundTripKV(const KVCacheConfig& cfg, const std::vector<float>& K, const std::vector<float>& V,
+                 std::vector<float>* Kh, std::vector<float>* Vh) {
+  auto cache = KVCache::Create(cfg);
+  if (!cache.ok()) Fail(cache.status());
+  if (Status s = cache->Append(0, 0, K, V); !s.ok()) Fail(s);
+  Kh->assign(K.size(), 0.0f);
+  Vh->assign(V.size(), 0.0f);
+  if (Status s = cache->DequantizeForDiagnostics(0, 0, *Kh, *Vh); !s.ok()) Fail(s);
+  return std::move(*cache);
 }
 
 const std::vector<std::string>& QualityPresets() {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tq/kv_cache.h"
 #include "tq/random.h"
 #include "tq/status.h"
 
@@ -107,6 +108,12 @@ struct KVSource {
 // checkpoint or HF directory; min(tokens, max_seq_len) tokens sampled from
 // the model itself by the library runner, tq::Runner).
 std::vector<KVSource> QualitySources(const std::vector<std::string>& models, size_t tokens);
+
+// K, V [T][kvh][d] appended to a one-sequence cache of `cfg` as one prefill
+// and read back decoded (Kh, Vh: the same shape); returns the cache. Errors
+// end the process.
+KVCache RoundTripKV(const KVCacheConfig& cfg, const std::vector<float>& K, const std::vector<float>& V,
+                 std::vector<float>* Kh, std::vector<float>* Vh);
 
 // The presets the quality tables report, in their order.
 const std::vector<std::string>& QualityPresets();
