@@ -492,45 +492,20 @@ TEST(CudaExtendArgs, BadArgumentsAreErrors) {
   Result<DeviceBuffer> buf = DeviceBuffer::Allocate(8192);
   ASSERT_TRUE(ws.ok() && buf.ok());
   ASSERT_TRUE(buf->Fill(0).ok());  // cu_seqlens_q all 0: no sequence has queries
-  ExtendArgs a;
-  a.q = buf->data();
-  a.out = buf->data();
-  a.batch = 1;
-  a.num_q_heads = 4;
+  ExtendArgs a = ZeroLengthCall<ExtendArgs>(*buf, *ws, *plan);
   a.cu_seqlens_q = static_cast<const int32_t*>(buf->data());
   a.total_q = 4;
   a.max_q_len = 4;
-  a.block_tables = static_cast<const int32_t*>(buf->data());
-  a.max_blocks_per_seq = 7;
-  a.seq_lens = static_cast<const int32_t*>(buf->data());
-  a.max_seq_len = 100;
-  a.workspace = ws->data();
-  a.workspace_bytes = ws->size();
-  a.plan = &*plan;
   EXPECT_EQ(layer->PagedExtend(a).code(), StatusCode::kOk);
   ASSERT_TRUE(Synchronize().ok());
+  ExpectSharedArgumentErrors(a, [&](const ExtendArgs& x) { return layer->PagedExtend(x); });
   ExtendArgs b = a;
-  b.workspace_bytes = 16;
-  Status s = layer->PagedExtend(b);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("workspace"), std::string::npos) << s.message();
-  b = a;
-  b.max_blocks_per_seq = 2;  // 32 tokens < max_seq_len
-  EXPECT_EQ(layer->PagedExtend(b).code(), StatusCode::kInvalidArgument);
-  b = a;
-  b.max_seq_len = 5000;  // plan made for 100
-  s = layer->PagedExtend(b);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("plan"), std::string::npos) << s.message();
-  b = a;
   b.cu_seqlens_q = nullptr;
   EXPECT_EQ(layer->PagedExtend(b).code(), StatusCode::kInvalidArgument);
   b = a;
   b.softcap = -1.0f;
   EXPECT_EQ(layer->PagedExtend(b).code(), StatusCode::kInvalidArgument);
-  b = a;
-  b.plan = nullptr;
-  EXPECT_EQ(layer->PagedExtend(b).code(), StatusCode::kInvalidArgument);
+  Status s;
   // Soft-cap over centered keys is refused, not computed wrongly.
   PagedKVCache centered = MakeCache("k4_v4", 2, 128, 16, 8, true, 1);
   Result<DeviceLayer> cl = DeviceLayer::Create(centered, 0);

@@ -537,34 +537,10 @@ TEST(CudaDecodeArgs, BadArgumentsAreErrors) {
   Result<DeviceBuffer> buf = DeviceBuffer::Allocate(4096);
   ASSERT_TRUE(ws.ok() && buf.ok());
   ASSERT_TRUE(buf->Fill(0).ok());  // seq_lens 0: nothing is read
-  DecodeArgs a;
-  a.q = buf->data();
-  a.out = buf->data();
-  a.batch = 1;
-  a.num_q_heads = 4;
-  a.block_tables = static_cast<const int32_t*>(buf->data());
-  a.max_blocks_per_seq = 7;
-  a.seq_lens = static_cast<const int32_t*>(buf->data());
-  a.max_seq_len = 100;
-  a.workspace = ws->data();
-  a.workspace_bytes = ws->size();
-  a.plan = &*plan;
+  const DecodeArgs a = ZeroLengthCall<DecodeArgs>(*buf, *ws, *plan);
   EXPECT_EQ(layer->PagedDecode(a).code(), StatusCode::kOk);
   ASSERT_TRUE(Synchronize().ok());
-  DecodeArgs b = a;
-  b.workspace_bytes = 16;
-  Status s = layer->PagedDecode(b);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("workspace"), std::string::npos) << s.message();
-  b = a;
-  b.max_blocks_per_seq = 2;  // 32 tokens < max_seq_len
-  EXPECT_EQ(layer->PagedDecode(b).code(), StatusCode::kInvalidArgument);
-  b = a;
-  b.max_seq_len = 5000;  // plan made for 100
-  EXPECT_EQ(layer->PagedDecode(b).code(), StatusCode::kInvalidArgument);
-  b = a;
-  b.q = nullptr;
-  EXPECT_EQ(layer->PagedDecode(b).code(), StatusCode::kInvalidArgument);
+  ExpectSharedArgumentErrors(a, [&](const DecodeArgs& x) { return layer->PagedDecode(x); });
   // Geometry mismatch on copies.
   PagedKVCache other = MakeCache("k3_v3", 2, 128, 16, 8, false, 1);
   EXPECT_EQ(layer->CopyToHost(other, 0).code(), StatusCode::kInvalidArgument);

@@ -172,6 +172,55 @@ inline Seqs Reserve(std::vector<PagedKVCache*> caches, const std::vector<size_t>
 }
 
 
+// A valid PagedDecode / PagedExtend call of batch 1, 4 query heads, up to
+// 100 tokens in 7 pages of 16, whose device arrays (queries, outputs, block
+// tables, lengths) all point at `zeros` (a zero-filled device buffer: no
+// sequence has tokens, nothing is read); extend calls also set their query
+// layout.
+template <class Args, class Plan>
+Args ZeroLengthCall(DeviceBuffer& zeros, DeviceBuffer& ws, const Plan& plan) {
+  Args a;
+  a.q = zeros.data();
+  a.out = zeros.data();
+  a.batch = 1;
+  a.num_q_heads = 4;
+  a.block_tables = static_cast<const int32_t*>(zeros.data());
+  a.max_blocks_per_seq = 7;
+  a.seq_lens = static_cast<const int32_t*>(zeros.data());
+  a.max_seq_len = 100;
+  a.workspace = ws.data();
+  a.workspace_bytes = ws.size();
+  a.plan = &plan;
+  return a;
+}
+
+// The argument checks PagedDecode and PagedExtend share, on a valid call `a`
+// (DecodeArgs or ExtendArgs) run by `call`: a workspace too small, block
+// tables too short for max_seq_len, a plan made for another max_seq_len, no
+// plan and no queries are InvalidArgument errors that name the problem.
+template <class Args, class Call>
+void ExpectSharedArgumentErrors(const Args& a, Call&& call) {
+  Args b = a;
+  b.workspace_bytes = 16;
+  Status s = call(b);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("workspace"), std::string::npos) << s.message();
+  b = a;
+  b.max_blocks_per_seq = 2;  // 32 tokens < max_seq_len
+  EXPECT_EQ(call(b).code(), StatusCode::kInvalidArgument);
+  b = a;
+  b.max_seq_len = 5000;  // plan made for 100
+  s = call(b);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("plan"), std::string::npos) << s.message();
+  b = a;
+  b.plan = nullptr;
+  EXPECT_EQ(call(b).code(), StatusCode::kInvalidArgument);
+  b = a;
+  b.q = nullptr;
+  EXPECT_EQ(call(b).code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace tq::cuda::testing
 
 #endif  // TQ_TESTS_CUDA_TEST_UTIL_H_
