@@ -402,7 +402,7 @@ TEST(DecodeAttention, DecodeAfterEachAppend) {
 // ---------------------------------------------------------------------------
 // Every compiled SIMD target: the core cases with dispatch forced.
 // ---------------------------------------------------------------------------
-void RunDenseCase(DenseDtype dtype, bool head_major, size_t hkv, size_t hq, size_t d,
+void RunDenseCase(DType dtype, bool head_major, size_t hkv, size_t hq, size_t d,
                   const std::vector<size_t>& lengths, const AttentionOptions& o,
                   const std::string& label);
 void RunPagedCase(const std::string& preset, size_t block_size, size_t hkv, size_t hq, size_t d,
@@ -448,7 +448,7 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
     Filled g;
     ASSERT_TRUE(Fill("k4_v3", 1, 96, PolicyOff(), {33, 200}, 78, &g));
     CheckDecode(g, 8, {.threads = 2, .split_tokens = 16}, tname + " k4_v3 d=96 gqa8");
-    for (DenseDtype dt : {DenseDtype::kF32, DenseDtype::kF16, DenseDtype::kBF16}) {
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
       RunDenseCase(dt, false, 2, 8, 128, {1, 70, 300}, {.window = 37, .threads = 2, .split_tokens = 16},
                    tname + " dense");
       RunDenseCase(dt, true, 2, 8, 64, {5, 129}, {}, tname + " dense head-major");
@@ -653,10 +653,10 @@ TEST(PagedDecodeAttention, BlockSizesForksPartialPages) {
 // ---------------------------------------------------------------------------
 // K/V generated in fp32, stored as dtype (packed [T][H][d] or head-major
 // [H][T][d]); the reference runs on the stored values converted back to fp32.
-void RunDenseCase(DenseDtype dtype, bool head_major, size_t hkv, size_t hq, size_t d,
+void RunDenseCase(DType dtype, bool head_major, size_t hkv, size_t hq, size_t d,
                   const std::vector<size_t>& lengths, const AttentionOptions& o,
                   const std::string& label) {
-  const char* dname = dtype == DenseDtype::kF32 ? "f32" : dtype == DenseDtype::kF16 ? "f16" : "bf16";
+  const char* dname = DTypeName(dtype);
   const std::string where = label + " " + dname + (head_major ? " head-major" : " packed");
   const size_t B = lengths.size();
   std::vector<std::vector<float>> kr(B), vr(B);      // reference values [T][H][d]
@@ -665,12 +665,12 @@ void RunDenseCase(DenseDtype dtype, bool head_major, size_t hkv, size_t hq, size
   std::vector<DenseKVView> views(B);
   KVGen gen(lengths.size() * 13 + d, hkv, d);
   auto round = [&](float x) {
-    if (dtype == DenseDtype::kF16) return HalfToFloat(FloatToHalf(x));
-    if (dtype == DenseDtype::kBF16) return BFloat16ToFloat(FloatToBFloat16(x));
+    if (dtype == DType::kF16) return HalfToFloat(FloatToHalf(x));
+    if (dtype == DType::kBF16) return BFloat16ToFloat(FloatToBFloat16(x));
     return x;
   };
   auto bits = [&](float x) {
-    return dtype == DenseDtype::kF16 ? FloatToHalf(x) : FloatToBFloat16(x);
+    return dtype == DType::kF16 ? FloatToHalf(x) : FloatToBFloat16(x);
   };
   for (size_t b = 0; b < B; ++b) {
     const size_t T = lengths[b];
@@ -691,7 +691,7 @@ void RunDenseCase(DenseDtype dtype, bool head_major, size_t hkv, size_t hq, size
           const size_t src = (t * hkv + h) * d + j, dst = at(t, h, j);
           k32[b][dst] = kr[b][src];
           v32[b][dst] = vr[b][src];
-          if (dtype != DenseDtype::kF32) {
+          if (dtype != DType::kF32) {
             k16[b][dst] = bits(kr[b][src]);
             v16[b][dst] = bits(vr[b][src]);
           }
@@ -699,8 +699,8 @@ void RunDenseCase(DenseDtype dtype, bool head_major, size_t hkv, size_t hq, size
       }
     }
     DenseKVView& dv = views[b];
-    dv.k = dtype == DenseDtype::kF32 ? static_cast<const void*>(k32[b].data()) : k16[b].data();
-    dv.v = dtype == DenseDtype::kF32 ? static_cast<const void*>(v32[b].data()) : v16[b].data();
+    dv.k = dtype == DType::kF32 ? static_cast<const void*>(k32[b].data()) : k16[b].data();
+    dv.v = dtype == DType::kF32 ? static_cast<const void*>(v32[b].data()) : v16[b].data();
     dv.dtype = dtype;
     dv.tokens = T;
     dv.num_kv_heads = hkv;
@@ -742,7 +742,7 @@ void RunDenseCase(DenseDtype dtype, bool head_major, size_t hkv, size_t hq, size
 }
 
 TEST(DenseAttention, F32F16Bf16MatchRef) {
-  for (DenseDtype dt : {DenseDtype::kF32, DenseDtype::kF16, DenseDtype::kBF16}) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (bool hm : {false, true}) {
       RunDenseCase(dt, hm, 2, 8, 128, {1, 45, 300}, {}, "gqa4 d128");
       RunDenseCase(dt, hm, 2, 8, 128, {300, 17}, {.softcap = 8.0f, .window = 37, .threads = 2, .split_tokens = 13},
@@ -917,7 +917,7 @@ TEST(AttentionErrors, PagedDecode) {
 
 TEST(AttentionErrors, Dense) {
   std::vector<uint16_t> kv(10 * 2 * 64, 0x3c00);  // 1.0 in f16
-  DenseKVView dv{.k = kv.data(), .v = kv.data(), .dtype = DenseDtype::kF16, .tokens = 10,
+  DenseKVView dv{.k = kv.data(), .v = kv.data(), .dtype = DType::kF16, .tokens = 10,
                  .num_kv_heads = 2, .head_dim = 64};
   std::vector<float> q(8 * 64, 0.5f), out(q.size());
   std::vector<DenseKVView> seqs = {dv};

@@ -288,7 +288,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaExtend, ::testing::ValuesIn(ExtendCases())
                            std::string n = std::string(c.preset) + "_d" + std::to_string(c.d) + "_g" +
                                            std::to_string(c.gqa) + "_bs" + std::to_string(c.bs) + "_w" +
                                            std::to_string(c.window) + (c.softcap > 0 ? "_cap" : "") +
-                                           (c.means ? "_means" : "") + "_" + DtName(c.qt) + "_" + DtName(c.ot);
+                                           (c.means ? "_means" : "") + "_" + DTypeName(c.qt) + "_" + DTypeName(c.ot);
                            for (char& ch : n) {
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            }

@@ -170,7 +170,7 @@ TEST_P(CudaWrite, BytesEqualCpuEncoder) {
   REQUIRE_GPU();
   const WriteCase& w = GetParam();
   const size_t H = 3, blocks = (600 + w.bs - 1) / w.bs + 4;
-  const std::string where = std::string(w.preset) + " d" + std::to_string(w.d) + " " + DtName(w.dtype) +
+  const std::string where = std::string(w.preset) + " d" + std::to_string(w.d) + " " + DTypeName(w.dtype) +
                             " bs" + std::to_string(w.bs) + (w.means ? " means" : "");
   PagedKVCache cpu = MakeCache(w.preset, H, w.d, w.bs, blocks, w.means, 11);
   PagedKVCache gpu = MakeCache(w.preset, H, w.d, w.bs, blocks, w.means, 11);
@@ -219,7 +219,7 @@ std::vector<WriteCase> WriteCases() {
 INSTANTIATE_TEST_SUITE_P(Formats, CudaWrite, ::testing::ValuesIn(WriteCases()),
                          [](const ::testing::TestParamInfo<WriteCase>& i) {
                            std::string n = std::string(i.param.preset) + "_d" + std::to_string(i.param.d) + "_" +
-                                           DtName(i.param.dtype) + "_bs" + std::to_string(i.param.bs) +
+                                           DTypeName(i.param.dtype) + "_bs" + std::to_string(i.param.bs) +
                                            (i.param.means ? "_means" : "");
                            for (char& ch : n) {
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -516,7 +516,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaDecode, ::testing::ValuesIn(DecodeCases())
                            std::string n = std::string(c.preset) + "_d" + std::to_string(c.d) + "_g" +
                                            std::to_string(c.gqa) + "_bs" + std::to_string(c.bs) + "_w" +
                                            std::to_string(c.window) + (c.means ? "_means" : "") + "_" +
-                                           DtName(c.qt) + "_" + DtName(c.ot);
+                                           DTypeName(c.qt) + "_" + DTypeName(c.ot);
                            for (char& ch : n) {
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            }

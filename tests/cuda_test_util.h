@@ -74,7 +74,6 @@ inline std::vector<uint8_t> ToDtype(std::vector<float>& x, DType t) {
   return bytes;
 }
 
-inline const char* DtName(DType t) { return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16"; }
 
 inline DeviceBuffer Upload(const void* p, size_t bytes) {
   Result<DeviceBuffer> b = DeviceBuffer::Allocate(std::max<size_t>(bytes, 16));

@@ -262,7 +262,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
 
   std::vector<DenseKVView> dense(B);
   for (size_t b = 0; b < B; ++b) {
-    dense[b] = {.k = dk[b].get(), .v = dv[b].get(), .dtype = DenseDtype::kF16, .tokens = len[b],
+    dense[b] = {.k = dk[b].get(), .v = dv[b].get(), .dtype = DType::kF16, .tokens = len[b],
                 .num_kv_heads = H, .head_dim = d, .token_stride = d, .head_stride = C * d};
   }
   // Queries: 0.6 x (an earlier key - bias) + N(0,1), as in the quality source.

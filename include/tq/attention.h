@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 
+#include "tq/dtype.h"
 #include "tq/kv_cache.h"
 #include "tq/paged_kv_cache.h"
 #include "tq/status.h"
@@ -95,8 +96,6 @@ Status PrefillAttention(const KVLayerView& view, size_t num_q_heads, size_t quer
 
 // ---------------------------------------------------------------------------
 // Dense baselines (our own kernels, same tiling and threading).
-enum class DenseDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
-
 // K and V of one sequence, element type dtype (f16/bf16 as uint16_t bits).
 // Element (token t, head h, channel j) is at k[t * token_stride + h *
 // head_stride + j]. Strides 0 mean the packed [tokens][num_kv_heads][head_dim]
@@ -107,7 +106,7 @@ enum class DenseDtype : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 struct DenseKVView {
   const void* k = nullptr;
   const void* v = nullptr;
-  DenseDtype dtype = DenseDtype::kF16;
+  DType dtype = DType::kF16;
   size_t tokens = 0;
   size_t num_kv_heads = 0;
   size_t head_dim = 0;

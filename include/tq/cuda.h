@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "tq/dtype.h"
 #include "tq/kv_format.h"
 #include "tq/paged_kv_cache.h"
 #include "tq/status.h"
@@ -56,8 +57,6 @@ Status IsSupported(const KVFormat& key, const KVFormat& value, size_t head_dim,
 // Waits for the stream (nullptr: the legacy default stream) and reports any
 // error of the work queued on it (a failed kernel, a bad memory access).
 Status Synchronize(void* stream = nullptr);
-
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // Device memory owned by the caller through RAII (cudaMalloc / cudaFree).
 class DeviceBuffer {

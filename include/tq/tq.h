@@ -7,6 +7,7 @@
 #include "tq/attention.h"
 #include "tq/codebook.h"
 #include "tq/codec.h"
+#include "tq/dtype.h"
 #include "tq/format.h"
 #include "tq/index.h"
 #include "tq/kv_cache.h"

@@ -262,11 +262,11 @@ void CheckCuda(const DevArray& a, const char* name, size_t ndim, int* device) {
   }
 }
 
-tq::cuda::DType FloatDtype(const DevArray& a, const char* name) {
+tq::DType FloatDtype(const DevArray& a, const char* name) {
   const auto d = a.dtype();
-  if (d == nb::dtype<float>()) return tq::cuda::DType::kF32;
-  if (d.code == uint8_t(nb::dlpack::dtype_code::Float) && d.bits == 16 && d.lanes == 1) return tq::cuda::DType::kF16;
-  if (d.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1) return tq::cuda::DType::kBF16;
+  if (d == nb::dtype<float>()) return tq::DType::kF32;
+  if (d.code == uint8_t(nb::dlpack::dtype_code::Float) && d.bits == 16 && d.lanes == 1) return tq::DType::kF16;
+  if (d.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1) return tq::DType::kBF16;
   throw nb::value_error((std::string(name) + ": dtype must be float16, bfloat16 or float32, got " + DtypeName(d)).c_str());
 }
 
@@ -404,7 +404,7 @@ void BindCuda(nb::module_& m) {
             CheckCuda(k, "k", 3, &dev);
             CheckCuda(v, "v", 3, &dev);
             CheckCuda(slots, "slot_mapping", 1, &dev);
-            const tq::cuda::DType dt = FloatDtype(k, "k");
+            const tq::DType dt = FloatDtype(k, "k");
             if (FloatDtype(v, "v") != dt) throw nb::value_error("k and v must have the same dtype");
             CheckDtype<int64_t>(slots, "slot_mapping");
             const size_t H = l.layer.num_kv_heads(), D = l.layer.head_dim();
@@ -456,8 +456,8 @@ void BindCuda(nb::module_& m) {
             CheckCuda(block_tables, "block_tables", 2, &dev);
             CheckCuda(seq_lens, "seq_lens", 1, &dev);
             CheckCuda(workspace, "workspace", 1, &dev);
-            const tq::cuda::DType qd = FloatDtype(q, "q");
-            const tq::cuda::DType od = FloatDtype(out, "out");
+            const tq::DType qd = FloatDtype(q, "q");
+            const tq::DType od = FloatDtype(out, "out");
             CheckDtype<int32_t>(block_tables, "block_tables");
             CheckDtype<int32_t>(seq_lens, "seq_lens");
             CheckDtype<uint8_t>(workspace, "workspace");

@@ -807,7 +807,7 @@ Status BuildDense(const DenseKVView& kv, size_t b, Problem* pb, const char* what
                                 ") are smaller than head_dim " + Str(kv.head_dim));
   }
   const size_t H = kv.num_kv_heads, d = kv.head_dim;
-  const size_t elem = kv.dtype == DenseDtype::kF32 ? 4 : 2;
+  const size_t elem = kv.dtype == DType::kF32 ? 4 : 2;
   for (size_t h = 0; h < H; ++h) {
     HeadWork& hw = pb->heads[b * H + h];
     Seg s;
@@ -824,10 +824,10 @@ Status BuildDense(const DenseKVView& kv, size_t b, Problem* pb, const char* what
   return Status::Ok();
 }
 
-Fmt DenseFmt(DenseDtype t) {
+Fmt DenseFmt(DType t) {
   switch (t) {
-    case DenseDtype::kF32: return Fmt::kF32;
-    case DenseDtype::kBF16: return Fmt::kBF16;
+    case DType::kF32: return Fmt::kF32;
+    case DType::kBF16: return Fmt::kBF16;
     default: return Fmt::kF16;
   }
 }

@@ -139,7 +139,7 @@ struct Runner::Impl {
       std::memcpy(v32[layer].data() + pos * kvd, v.data(), n * kvd * sizeof(float));
       dv.k = k32[layer].data();
       dv.v = v32[layer].data();
-      dv.dtype = DenseDtype::kF32;
+      dv.dtype = DType::kF32;
     } else {
       for (size_t i = 0; i < n * kvd; ++i) {
         k16[layer][pos * kvd + i] = FloatToHalf(k[i]);
@@ -147,7 +147,7 @@ struct Runner::Impl {
       }
       dv.k = k16[layer].data();
       dv.v = v16[layer].data();
-      dv.dtype = DenseDtype::kF16;
+      dv.dtype = DType::kF16;
     }
     if (n == 1) return DenseDecodeAttention(std::span<const DenseKVView>(&dv, 1), H, qs, outs, ao);
     return DensePrefillAttention(dv, H, pos, qs, outs, ao);
