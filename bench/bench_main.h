@@ -6,7 +6,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace tq::bench {
 

@@ -47,7 +47,7 @@
 #include "tq/codec.h"
 #include "tq/format.h"
 #include "tq/random.h"
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace tq {
 namespace {

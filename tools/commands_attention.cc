@@ -25,7 +25,7 @@
 #include "tq/paged_kv_cache.h"
 #include "tq/metrics.h"
 #include "tq/random.h"
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace tq::tools {
 namespace {

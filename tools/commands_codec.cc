@@ -16,7 +16,7 @@
 #include "tq/codec.h"
 #include "tq/kv_format.h"
 #include "tq/metrics.h"
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace tq::tools {
 namespace {

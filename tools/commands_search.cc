@@ -25,7 +25,7 @@
 #include "index/fastscan.h"
 #include "tq/index.h"
 #include "tq/random.h"
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace tq::tools {
 namespace {

@@ -15,6 +15,7 @@
 #include "tq/paged_kv_cache.h"
 #include "tq/random.h"
 #include "tq/rotation.h"
+#include "tq/simd.h"
 #include "tq/status.h"
 #include "tq/version.h"
 

@@ -25,7 +25,7 @@
 #include "tq/paged_kv_cache.h"
 #include "tq/kv_format.h"
 #include "tq/status.h"
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -20,7 +20,7 @@
 
 #include <hwy/targets.h>
 
-#include "tq/version.h"
+#include "tq/simd.h"
 
 namespace tq::cpu {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "tq/version.h"
+#include "tq/simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
