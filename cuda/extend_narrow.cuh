@@ -360,12 +360,13 @@ cudaError_t NarrowKernelFor(int nt,
                             void (**kernel)(Layer, ExtendShape, const int32_t*, const int32_t*, const int32_t*,
                                             const __half*, float*, float*),
                             size_t* smem) {
-  if (nt == 2 && D < 256) {
-    *kernel = ExtendNarrowKernel<D, KB, VC, (D < 256 ? 2 : 1)>;
-    *smem = NarrowSmemBytes<D, KB, VC, (D < 256 ? 2 : 1)>();
-  } else {
-    *kernel = ExtendNarrowKernel<D, KB, VC, 1>;
-    *smem = NarrowSmemBytes<D, KB, VC, 1>();
+  *kernel = ExtendNarrowKernel<D, KB, VC, 1>;
+  *smem = NarrowSmemBytes<D, KB, VC, 1>();
+  if constexpr (D < 256) {  // head_dim 256 takes 8 columns a CTA only
+    if (nt == 2) {
+      *kernel = ExtendNarrowKernel<D, KB, VC, 2>;
+      *smem = NarrowSmemBytes<D, KB, VC, 2>();
+    }
   }
   return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*smem));
 }

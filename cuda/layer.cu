@@ -668,14 +668,14 @@ const char* ExtendKernelName(ExtendKernel k) {
 #endif
 
 namespace {
-// kAuto's kernel for `rows` query rows a KV head (max_q_len x GQA), from
-// the H100 timings in docs/BENCHMARKS.md (CUDA extend): the narrow kernel
-// was as fast or faster everywhere (16 rows: 2.2-3.3x; 128 to 8,192 rows:
-// within 1% or up to 1.3x) except with 2/3-bit TurboQuant keys at 17-64
-// rows, where its one split of 2-4 column blocks a head fills the GPU in
-// 1.3 waves and the tile kernel's split grid ran 1.06-1.23x faster.
+// Where the narrow kernel applies (block sizes that are multiples of 16),
+// whether kAuto takes it for `rows` query rows a KV head (max_q_len x GQA),
+// from the H100 timings in docs/BENCHMARKS.md (CUDA extend): the narrow
+// kernel was as fast or faster everywhere (16 rows: 2.2-3.3x; 128 to 8,192
+// rows: within 1.2% or up to 1.3x) except with 2/3-bit TurboQuant keys at
+// 17-64 rows, where its one split of 2-4 column blocks a head fills the GPU
+// in 1.3 waves and the tile kernel's split grid ran 1.04-1.22x faster.
 bool AutoNarrow(const Layer& L, size_t rows) {
-  if (L.block_size % 16 != 0) return false;
   const bool low_bit_keys = L.k.kind == detail::kCompTq && L.k.bits <= 3;
   return !(low_bit_keys && rows > 16 && rows <= 64);
 }
@@ -713,7 +713,7 @@ Result<ExtendPlan> DeviceLayer::PlanExtend(size_t batch, size_t num_q_heads, siz
   const size_t group = num_q_heads / L.H;
   ExtendPlan p;
   const size_t rows = max_q_len * group;
-  const bool narrow = kernel == ExtendKernel::kNarrow || (kernel == ExtendKernel::kAuto && AutoNarrow(L, rows));
+  const bool narrow = kernel == ExtendKernel::kNarrow || (kernel == ExtendKernel::kAuto && narrow_fits && AutoNarrow(L, rows));
   p.kernel = narrow ? ExtendKernel::kNarrow : ExtendKernel::kTile;
   int per_sm = 0;
   if (narrow) {

@@ -75,7 +75,7 @@ KvBytesRow MeasureKvBytes(const std::string& preset, const ModelShape& shape, si
 // K, V: [T][kv_heads][d]; Q: [T][q_heads][d]. Everything is compressed
 // (no sinks, no recent window: the format alone), prefilled in one Append.
 // Attention error over query positions [T/2, T), causal.
-QualityRow EvalLayer(const std::string& preset, size_t kvh, size_t qh, size_t d, const std::vector<float>& K,
+void EvalLayer(const std::string& preset, size_t kvh, size_t qh, size_t d, const std::vector<float>& K,
                      const std::vector<float>& V, const std::vector<float>& Q, double* acc) {
   const size_t T = K.size() / (kvh * d);
   KVCacheConfig cfg{.shape = {1, kvh, d}, .max_sequences = 1, .preset = preset};
@@ -127,7 +127,6 @@ QualityRow EvalLayer(const std::string& preset, size_t kvh, size_t qh, size_t d,
       }
     }
   }
-  return {};
 }
 
 QualityRow Finish(const std::string& preset, size_t d, const double* acc) {
