@@ -22,7 +22,7 @@ def ref_rows(q, k, v, lens, scale):
     """fp64: q [rows, Hq, d]; k, v [n, Hkv, d] of one sequence; row r sees k[:lens[r]]."""
     out = []
     for r in range(q.shape[0]):
-        out.append(V._ref_row(q[r], k[: lens[r]], v[: lens[r]], scale))
+        out.append(V.fp64_attention_row(q[r], k[: lens[r]], v[: lens[r]], scale))
     return torch.stack(out)
 
 

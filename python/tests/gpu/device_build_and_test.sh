@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device run of the Python package with the CUDA backend (issue 7, CUDA
-# acceptance; docs/BENCHMARKS.md "Python package on CUDA").
+# Device run of the Python package with the CUDA backend (docs/BENCHMARKS.md,
+# "Python package on CUDA").
 #
 # The GPU machine has python3, torch, transformers, nanobind, pytest, cmake,
 # ninja and nvcc, but not our C++ Debian dependencies and no network. They
@@ -18,7 +18,7 @@
 # themselves relative to their own path, cmake/Findxxhash.cmake searches the
 # prefix), builds turboquant._core with tq_cuda (sm_90), stages the package in
 # /tmp/tq-py (the working tree stays clean), then runs
-#   python3 -m pytest python/tests -q   and   python/bench_cuda_hf.py
+#   python3 -m pytest python/tests -q   and   bench/python/bench_cuda_hf.py
 # writing env.log, build.log, pytest.log, bench.log, bench_cuda_hf.json to $OUT.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -76,8 +76,8 @@ if [[ $STEPS == *test* ]]; then
   rc=$(( rc | ${PIPESTATUS[0]} ))
 fi
 if [[ $STEPS == *bench* ]]; then
-  # -P: do not put python/ (the unbuilt source package) first on sys.path
-  timeout "${TQ_BENCH_TIMEOUT:-200}" "$PY" -P python/bench_cuda_hf.py --json "$OUT/bench_cuda_hf.json" ${TQ_BENCH_ARGS:-} \
+  # -P: the script's own directory does not go first on sys.path (the staged package is used)
+  timeout "${TQ_BENCH_TIMEOUT:-200}" "$PY" -P bench/python/bench_cuda_hf.py --json "$OUT/bench_cuda_hf.json" ${TQ_BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log"
   rc=$(( rc | ${PIPESTATUS[0]} ))
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""HF production route on CUDA (issue 7 acceptance): KV bytes held at a long
-prompt, logits cosine vs the dense cache, and generation end to end.
+"""HF production route on CUDA: KV bytes held at a long prompt, logits
+cosine vs the dense cache, and generation end to end (docs/BENCHMARKS.md,
+"Python package on CUDA"). Needs the turboquant package installed with the
+CUDA backend (docs/PYTHON.md).
 
 Model: a Llama built from a config with seeded random weights (no download),
 fp16 on the GPU. Prompt: --tokens random token ids.
