@@ -48,7 +48,7 @@ class PathCounters:
 
 
 class PagedCompressedKVCache:
-    """Paged compressed K/V for every attention layer (seed name), on our
+    """Paged compressed K/V for every attention layer, on our
     ``PagedKVCache``. Pages and slots are the caller's (vLLM's) block ids: any
     block table and slot mapping over ``num_blocks`` pages of ``block_size``.
 

@@ -18,7 +18,7 @@ from .calibration import channel_energy, metadata_from_energy
 from .registry import SPLIT_RECIPES, is_split_recipe, resolve_cache_dtype
 
 MODES = ("off", "capture_only", "hybrid", "full_tq")
-_STATE = "_turboquant_hooks"
+_STATE = "_turboquant_hooks"  # the runner's attribute holding its _HookState (None once uninstalled)
 
 
 @dataclass
