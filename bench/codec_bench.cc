@@ -9,7 +9,7 @@
 
 #include "bench_main.h"
 #include "tq/codec.h"
-#include "tq/metrics.h"
+#include "tq/distortion.h"
 
 namespace {
 

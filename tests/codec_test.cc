@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tq/metrics.h"
+#include "tq/distortion.h"
 
 namespace tq {
 namespace {

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "tq/metrics.h"
+#include "tq/distortion.h"
 
 namespace tq {
 namespace {

@@ -19,8 +19,8 @@
 
 #include "index/engine.h"
 #include "tq/codec.h"
+#include "tq/distortion.h"
 #include "tq/index.h"
-#include "tq/metrics.h"
 #include "tq/random.h"
 
 namespace tq {

@@ -14,8 +14,8 @@
 #include "eval.h"
 #include "core/thread_pool.h"
 #include "tq/codec.h"
+#include "tq/distortion.h"
 #include "tq/kv_format.h"
-#include "tq/metrics.h"
 #include "tq/simd.h"
 
 namespace tq::tools {

@@ -14,6 +14,9 @@
 // Also here: the loaders (llama2.c "v0" checkpoints; HF-layout directories
 // with config.json and *.safetensors, fp32/fp16/bf16, read by our own parser
 // of the public safetensors format), the llama2.c tokenizer, and token-id files.
+//
+// Evaluation tooling: library tq_eval (target tq::eval), which links the core
+// library tq; the core never depends on it.
 #ifndef TQ_MODEL_H_
 #define TQ_MODEL_H_
 

@@ -1,12 +1,15 @@
-// Umbrella header of the turboquant C++ library: codecs, KV caches,
-// attention and the vector index (the CUDA backend is tq/cuda.h, in the
-// tq_cuda library; the model runner and metrics have headers of their own).
+// Umbrella header of the core turboquant C++ library (tq, target tq::tq):
+// every public header of the codecs, KV caches, attention and the vector
+// index. Not here: the CUDA backend (tq/cuda.h, library tq_cuda) and the
+// evaluation tooling (tq/metrics.h, tq/model.h, library tq_eval, target
+// tq::eval), each in a library of its own.
 #ifndef TQ_TQ_H_
 #define TQ_TQ_H_
 
 #include "tq/attention.h"
 #include "tq/codebook.h"
 #include "tq/codec.h"
+#include "tq/distortion.h"
 #include "tq/dtype.h"
 #include "tq/format.h"
 #include "tq/index.h"

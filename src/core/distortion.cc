@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "tq/metrics.h"
+#include "tq/distortion.h"
 
 namespace tq {
 
