@@ -1,5 +1,5 @@
 // The paper's Thm 1/2 experiment at d = 128 with 100,000 samples (label: slow).
-// Acceptance brackets (issue "Foundation"):
+// Brackets the quantizer must meet:
 //   d_mse within 2% of the exact codebook MSE 0.36089, 0.11600, 0.033966, 0.0093148;
 //   d_prod(b) in [0.90, 1.05] x (pi/2) d_mse(b-1) / 128 for b = 2, 3, 4;
 //   ip_slope_prod within 0.01 of 1; ip_slope_mse(b=1) within 0.01 of 2/pi.

@@ -5,9 +5,10 @@
 // retrieval-prompt builders and timing statistics. All of them validate their
 // input and return a Status naming what was wrong (size mismatches, empty
 // inputs, non-finite values where they would poison the result).
-// Accumulation is in double. Every function is a pure function of its
-// arguments (thread-safe). The codec's own distortion experiment is in the
-// core library: tq/distortion.h.
+// Accumulation is in double. Every function but MeasureTimings (which runs
+// and times its callback) is a pure function of its arguments (thread-safe).
+// The codec's own distortion experiment is in the core library:
+// tq/distortion.h.
 #ifndef TQ_METRICS_H_
 #define TQ_METRICS_H_
 
