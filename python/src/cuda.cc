@@ -10,9 +10,11 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "array_checks.h"
 #include "binding_areas.h"
@@ -101,6 +103,7 @@ nb::dict WriteErrorsDict(const tq::cuda::WriteErrors& w) {
   d["non_finite_inputs"] = w.non_finite_inputs;
   d["scale_overflows"] = w.scale_overflows;
   d["first_bad_token"] = w.first_bad_token;
+  d["bad_page_pairs"] = w.bad_page_pairs;
   d["ok"] = w.ok();
   return d;
 }
@@ -111,6 +114,116 @@ nb::dict PlanDict(const tq::cuda::DecodePlan& p) {
   d["tokens_per_split"] = p.tokens_per_split;
   d["workspace_bytes"] = p.workspace_bytes;
   return d;
+}
+
+tq::cuda::ExtendKernel ParseKernel(const std::string& name) {
+  if (name == "auto") return tq::cuda::ExtendKernel::kAuto;
+  if (name == "narrow") return tq::cuda::ExtendKernel::kNarrow;
+  if (name == "tile") return tq::cuda::ExtendKernel::kTile;
+  throw nb::value_error(("kernel must be 'auto', 'narrow' or 'tile', got '" + name + "'").c_str());
+}
+
+nb::dict ExtendPlanDict(const tq::cuda::ExtendPlan& p) {
+  nb::dict d;
+  d["decode_route"] = p.decode_route;
+  d["kernel"] = std::string(tq::cuda::ExtendKernelName(p.kernel));
+  d["rows_per_cta"] = p.rows_per_cta;
+  d["q_tiles"] = p.q_tiles;
+  d["splits"] = p.splits;
+  d["tokens_per_split"] = p.tokens_per_split;
+  d["workspace_bytes"] = p.workspace_bytes;
+  return d;
+}
+
+// k and v of a prompt chunk or a write: [tokens, num_kv_heads, head_dim],
+// the same float dtype, CUDA on the layer's device. Returns the dtype.
+tq::DType CheckChunk(const PyDeviceLayer& l, const DevArray& k, const DevArray& v) {
+  int dev = l.device;
+  CheckCuda(k, "k", 3, &dev);
+  CheckCuda(v, "v", 3, &dev);
+  const tq::DType dt = FloatDtype(k, "k");
+  if (FloatDtype(v, "v") != dt) throw nb::value_error("k and v must have the same dtype");
+  const size_t H = l.layer.num_kv_heads(), D = l.layer.head_dim();
+  for (const DevArray* a : {&k, &v}) {
+    if (a->shape(1) != H || a->shape(2) != D || a->shape(0) != k.shape(0)) {
+      throw nb::value_error(("k, v: must be [tokens, " + std::to_string(H) + ", " + std::to_string(D) +
+                             "] with the same tokens, got " + ShapeStr(k) + " and " + ShapeStr(v)).c_str());
+    }
+  }
+  return dt;
+}
+
+// paged_extend: checks every tensor (device, dtype, rank, shape), plans from
+// the shapes and launches. q, out [total_q, num_q_heads, head_dim];
+// cu_seqlens_q int32 [batch + 1]; block_tables int32 [batch, max_blocks];
+// seq_lens int32 [batch]; workspace uint8 [>= plan's workspace_bytes].
+void PagedExtendCall(const PyDeviceLayer& l, DevArray q, DevArray out, DevArray cu_seqlens_q, DevArray block_tables,
+                     DevArray seq_lens, DevArray workspace, size_t max_q_len, size_t max_seq_len, float scale,
+                     float softcap, size_t window, const std::string& kernel, uintptr_t stream) {
+  int dev = l.device;
+  CheckCuda(q, "q", 3, &dev);
+  CheckCuda(out, "out", 3, &dev);
+  CheckCuda(cu_seqlens_q, "cu_seqlens_q", 1, &dev);
+  CheckCuda(block_tables, "block_tables", 2, &dev);
+  CheckCuda(seq_lens, "seq_lens", 1, &dev);
+  CheckCuda(workspace, "workspace", 1, &dev);
+  const tq::DType qd = FloatDtype(q, "q");
+  const tq::DType od = FloatDtype(out, "out");
+  CheckDtype<int32_t>(cu_seqlens_q, "cu_seqlens_q");
+  CheckDtype<int32_t>(block_tables, "block_tables");
+  CheckDtype<int32_t>(seq_lens, "seq_lens");
+  CheckDtype<uint8_t>(workspace, "workspace");
+  const size_t total_q = q.shape(0), hq = q.shape(1), D = l.layer.head_dim();
+  if (q.shape(2) != D) {
+    throw nb::value_error(("q: last dimension must be head_dim " + std::to_string(D) + ", got " + ShapeStr(q)).c_str());
+  }
+  if (out.shape(0) != total_q || out.shape(1) != hq || out.shape(2) != D) {
+    throw nb::value_error(("out: must have q's shape " + ShapeStr(q) + ", got " + ShapeStr(out)).c_str());
+  }
+  if (cu_seqlens_q.shape(0) < 2) {
+    throw nb::value_error(("cu_seqlens_q: must be [batch + 1] with batch >= 1, got " + ShapeStr(cu_seqlens_q)).c_str());
+  }
+  const size_t batch = cu_seqlens_q.shape(0) - 1;
+  if (block_tables.shape(0) != batch || seq_lens.shape(0) != batch) {
+    throw nb::value_error(("block_tables [batch, max_blocks] and seq_lens [batch] must have cu_seqlens_q's batch " +
+                           std::to_string(batch) + ", got " + ShapeStr(block_tables) + " and " +
+                           ShapeStr(seq_lens)).c_str());
+  }
+  const tq::cuda::ExtendKernel k = ParseKernel(kernel);
+  const tq::cuda::ExtendPlan plan = Take(l.layer.PlanExtend(batch, hq, total_q, max_q_len, max_seq_len, k));
+  tq::cuda::ExtendArgs a;
+  a.q = q.data();
+  a.q_dtype = qd;
+  a.out = out.data();
+  a.out_dtype = od;
+  a.batch = batch;
+  a.num_q_heads = hq;
+  a.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.data());
+  a.total_q = total_q;
+  a.max_q_len = max_q_len;
+  a.block_tables = static_cast<const int32_t*>(block_tables.data());
+  a.max_blocks_per_seq = block_tables.shape(1);
+  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
+  a.max_seq_len = max_seq_len;
+  a.scale = scale;
+  a.softcap = softcap;
+  a.window = window;
+  a.workspace = workspace.data();
+  a.workspace_bytes = workspace.shape(0);
+  a.plan = &plan;
+  tq::Status s;
+  {
+    nb::gil_scoped_release release;
+    s = l.layer.PagedExtend(a, StreamPtr(stream));
+  }
+  Check(s);
+}
+
+// A new float32 numpy array [rows, cols] holding `v` (which has rows * cols values).
+nb::ndarray<nb::numpy, float> MatrixOf(const std::vector<float>& v, size_t rows, size_t cols) {
+  auto a = NewArray<float>(rows, cols, true);
+  std::copy(v.begin(), v.end(), a.data());
+  return a;
 }
 }  // namespace
 #endif  // TQ_PY_CUDA
@@ -198,20 +311,10 @@ void BindCuda(nb::module_& m) {
       .def(
           "write_slots",
           [](PyDeviceLayer& l, DevArray k, DevArray v, DevArray slots, uintptr_t stream) {
+            const tq::DType dt = CheckChunk(l, k, v);
             int dev = l.device;
-            CheckCuda(k, "k", 3, &dev);
-            CheckCuda(v, "v", 3, &dev);
             CheckCuda(slots, "slot_mapping", 1, &dev);
-            const tq::DType dt = FloatDtype(k, "k");
-            if (FloatDtype(v, "v") != dt) throw nb::value_error("k and v must have the same dtype");
             CheckDtype<int64_t>(slots, "slot_mapping");
-            const size_t H = l.layer.num_kv_heads(), D = l.layer.head_dim();
-            for (const DevArray* a : {&k, &v}) {
-              if (a->shape(1) != H || a->shape(2) != D || a->shape(0) != k.shape(0)) {
-                throw nb::value_error(("k, v: must be [tokens, " + std::to_string(H) + ", " + std::to_string(D) +
-                                       "] with the same tokens, got " + ShapeStr(k) + " and " + ShapeStr(v)).c_str());
-              }
-            }
             if (slots.shape(0) != k.shape(0)) {
               throw nb::value_error(("slot_mapping: must be [tokens] = [" + std::to_string(k.shape(0)) + "], got " +
                                      ShapeStr(slots)).c_str());
@@ -300,7 +403,78 @@ void BindCuda(nb::module_& m) {
           "scale"_a = 0.0f, "window"_a = 0, "stream"_a = 0,
           "Fused paged decode: q, out [batch, num_q_heads, head_dim] f16/bf16/f32 CUDA; block_tables int32 "
           "[batch, max_blocks]; seq_lens int32 [batch] (each <= max_seq_len); workspace uint8 of at least "
-          "plan_decode(...)['workspace_bytes']. Asynchronous on `stream`; allocates nothing.");
+          "plan_decode(...)['workspace_bytes']. Asynchronous on `stream`; allocates nothing.")
+      .def(
+          "plan_extend",
+          [](const PyDeviceLayer& l, size_t batch, size_t num_q_heads, size_t total_q, size_t max_q_len,
+             size_t max_seq_len, const std::string& kernel) {
+            return ExtendPlanDict(
+                Take(l.layer.PlanExtend(batch, num_q_heads, total_q, max_q_len, max_seq_len, ParseKernel(kernel))));
+          },
+          "batch"_a, "num_q_heads"_a, "total_q"_a, "max_q_len"_a, "max_seq_len"_a, nb::kw_only(), "kernel"_a = "auto",
+          "tq::cuda::DeviceLayer::PlanExtend: the kernel chosen ('narrow' or 'tile'; decode_route when every "
+          "sequence brings one token and kernel is 'auto'), its grid and the workspace bytes paged_extend needs.")
+      .def("paged_extend", &PagedExtendCall, "q"_a, "out"_a, "cu_seqlens_q"_a, "block_tables"_a, "seq_lens"_a,
+           "workspace"_a, nb::kw_only(), "max_q_len"_a, "max_seq_len"_a, "scale"_a = 0.0f, "softcap"_a = 0.0f,
+           "window"_a = 0, "kernel"_a = "auto", "stream"_a = 0,
+           "Fused paged extend (prefill over compressed history): q, out [total_q, num_q_heads, head_dim] "
+           "f16/bf16/f32 CUDA, ragged by cu_seqlens_q int32 [batch + 1]; block_tables int32 [batch, max_blocks]; "
+           "seq_lens int32 [batch] (pages' tokens, the new ones included); query i of sequence b sits at "
+           "seq_lens[b] - q_len_b + i (negative: output 0). workspace uint8 of at least plan_extend(...)"
+           "['workspace_bytes']. Asynchronous on `stream`; allocates nothing.")
+      .def(
+          "copy_blocks",
+          [](PyDeviceLayer& l, DevArray pairs, uintptr_t stream) {
+            int dev = l.device;
+            CheckCuda(pairs, "pairs", 2, &dev);
+            CheckDtype<int32_t>(pairs, "pairs");
+            if (pairs.shape(1) != 2) {
+              throw nb::value_error(("pairs: must be [n, 2] (source page, destination page), got " +
+                                     ShapeStr(pairs)).c_str());
+            }
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = l.layer.CopyBlocks(static_cast<const int32_t*>(pairs.data()), pairs.shape(0), StreamPtr(stream));
+            }
+            Check(s);
+          },
+          "pairs"_a, nb::kw_only(), "stream"_a = 0,
+          "Copies whole pages of every plane: pairs int32 CUDA [n, 2] of (source page, destination page). Pairs "
+          "naming a page outside the pool are skipped and counted (take_errors: bad_page_pairs).")
+      .def(
+          "set_means_from_chunk",
+          [](PyDeviceLayer& l, DevArray k, DevArray v, bool center_keys, bool center_values, uintptr_t stream) {
+            const tq::DType dt = CheckChunk(l, k, v);
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = l.layer.SetMeansFromChunk(k.data(), v.data(), dt, k.shape(0), center_keys, center_values,
+                                            StreamPtr(stream));
+            }
+            Check(s);
+          },
+          "k"_a, "v"_a, nb::kw_only(), "center_keys"_a, "center_values"_a, "stream"_a = 0,
+          "Centering means from a prompt chunk: k, v [tokens, num_kv_heads, head_dim] f16/bf16/f32 CUDA; per "
+          "(head, channel) the token sum in double precision over tokens, rounded to float. Only before the first "
+          "write_slots of the layer.")
+      .def(
+          "get_means",
+          [](const PyDeviceLayer& l) {
+            std::vector<float> km, vm;
+            tq::Status s;
+            {
+              nb::gil_scoped_release release;
+              s = l.layer.GetMeans(&km, &vm);
+            }
+            Check(s);
+            const size_t H = l.layer.num_kv_heads(), D = l.layer.head_dim();
+            nb::object k = km.empty() ? nb::none() : nb::cast(MatrixOf(km, H, D));
+            nb::object v = vm.empty() ? nb::none() : nb::cast(MatrixOf(vm, H, D));
+            return nb::make_tuple(k, v);
+          },
+          "(key_mean, value_mean): float32 numpy [num_kv_heads, head_dim] each, None for a component not centred. "
+          "Synchronizes the device.");
 #else
   m.def("cuda_built", [] { return false; }, "False: this build has no CUDA backend.");
   m.def("cuda_device_available", [] { return false; });

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
 import turboquant as tq  # noqa: E402
 from turboquant.integration import hf  # noqa: E402
@@ -16,29 +16,7 @@ from turboquant.integration.common import (  # noqa: E402
     KVQuantConfig,
     ProductionModeError,
 )
-
-
-def make_model(arch, seed=0, init=0.05):
-    torch.manual_seed(seed)
-    if arch == "llama":  # head_dim 64, GQA 4:2
-        cfg = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=64, initializer_range=init)
-        model = LlamaForCausalLM(cfg)
-    else:  # Qwen2: head_dim 128, q/k/v bias, GQA 2:1
-        cfg = Qwen2Config(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, initializer_range=init)
-        model = Qwen2ForCausalLM(cfg)
-        with torch.no_grad():  # random (nonzero) biases, so the bias path matters
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
-    return model.eval()
-
-
-def kvcfg(preset, **kw):
-    base = dict(preset=preset, recent_window=8, sink_tokens=4, compress_chunk=8)
-    base.update(kw)
-    return KVQuantConfig(**base)
+from hf_runs import kvcfg, make_model, padded_vs_alone  # noqa: E402  (tests/hf_runs.py)
 
 
 def run_steps(model, ids, cache, steps):
@@ -178,12 +156,15 @@ def test_production_route_refuses_to_densify():
             model(ids, use_cache=True, **{hf.cache_kwarg(model): DynamicCache()})
         with pytest.raises(IntegrationError, match="TurboQuantCache"):
             model(ids, use_cache=False)
-        # padding is not silently ignored
-        cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4"), max_batch_size=2)
-        mask = torch.ones(2, 16, dtype=torch.long)
-        mask[1, :3] = 0
-        with pytest.raises(IntegrationError, match="causal"):
-            model(ids.repeat(2, 1), attention_mask=mask, use_cache=True, **{hf.cache_kwarg(model): cache})
+        # padding other than left padding is not silently ignored: right
+        # padding and a hole after real tokens raise, before anything is stored
+        for pad in (slice(13, 16), slice(5, 8)):
+            cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4"), max_batch_size=2)
+            mask = torch.ones(2, 16, dtype=torch.long)
+            mask[1, pad] = 0
+            with pytest.raises(IntegrationError, match="causal masks .* and left padding only"):
+                model(ids.repeat(2, 1), attention_mask=mask, use_cache=True, **{hf.cache_kwarg(model): cache})
+            assert cache.core.length(0, 0) == 0 and cache.core.length(0, 1) == 0
         cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4"))
         model(ids, **{hf.cache_kwarg(model): cache})
         with pytest.raises(IntegrationError, match="crop"):
@@ -286,3 +267,48 @@ def test_bf16_model():
     assert cosines(got.float(), ref).min().item() >= 0.99
     out = hf.generate(model, ids[:, :20], hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4")), max_new_tokens=5)
     assert out.shape == (1, 25)
+
+
+def _cuda_ready():
+    from turboquant import cuda as tqcuda
+    return torch.cuda.is_available() and tqcuda.available()
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_left_padded_batch_matches_one_by_one(device, chunks):
+    """4 prompts of different lengths, left-padded, q8: the logits of every
+    real position (prefill, in one or two chunks, then 4 decode steps) within
+    cosine 0.999 of each prompt run alone, and no further from them than
+    DynamicCache's padded batch is from its own one-by-one runs (beyond a
+    1e-5 floor of float noise). With two chunks the two short rows are all
+    padding in the first chunk. The pads are never stored."""
+    if device == "cuda" and not _cuda_ready():
+        pytest.skip("needs a CUDA device and the package built with the CUDA backend")
+    model = make_model("llama").to(device)
+    g = torch.Generator().manual_seed(11)
+    lens = [37, 20, 50, 9]
+    prompts = [torch.randint(1, 256, (n,), generator=g) for n in lens]
+    steps = 4
+    nxt = torch.randint(1, 256, (len(lens), steps), generator=g)
+    made = []
+
+    def tq_cache(b):
+        extra = {"device": "cuda", "max_cache_len": 64} if device == "cuda" else {}
+        made.append(hf.TurboQuantCache(model.config, kv_config=kvcfg("q8"), max_batch_size=b, **extra))
+        return made[-1]
+
+    model.set_attn_implementation(hf.ATTENTION_NAME)
+    tq_cos = padded_vs_alone(model, prompts, tq_cache, nxt, chunks)
+    model.set_attn_implementation("sdpa")
+    dyn_cos = padded_vs_alone(model, prompts, lambda b: DynamicCache(), nxt, chunks)
+    assert tq_cos.numel() == sum(lens) + len(lens) * steps
+    assert tq_cos.min().item() >= 0.999, tq_cos.min()
+    assert 1 - tq_cos.min().item() <= max(1 - dyn_cos.min().item(), 1e-5), (tq_cos.min(), dyn_cos.min())
+    batched = made[0]
+    T = max(lens)
+    assert batched.stats.padded_tokens == 2 * sum(T - n for n in lens)  # 2 layers
+    assert batched.get_seq_length() == T + steps
+    assert batched.ledger()["tokens"] == 2 * 2 * (sum(lens) + len(lens) * steps)  # layers x KV heads x real tokens
+    if device == "cpu":
+        assert [batched.core.length(1, i) for i in range(4)] == [n + steps for n in lens]

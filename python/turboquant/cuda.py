@@ -9,9 +9,12 @@ the GIL, and queues its kernel on torch's current stream unless ``stream=``
 planes (key codes, key metadata, value codes, value metadata) are torch uint8
 tensors allocated by torch's caching allocator and lent to the C++ layer
 (``tq::cuda::DeviceLayer::BorrowPlanes``), so ``torch.cuda.memory_allocated``
-accounts for them. Writes (``write_slots``, vLLM's reshape_and_cache) and
-decode attention (``paged_decode``) run on the GPU; there is no GPU prefill
-kernel.
+accounts for them. On the GPU: writes (``write_slots``, vLLM's
+reshape_and_cache), decode attention (``paged_decode``: one query token per
+sequence), extend attention (``paged_extend``: a ragged batch of new query
+tokens over the pages, causal, with sliding window and soft-cap), page copies
+(``copy_blocks``) and key/value centering means taken from a prompt chunk
+(``set_means_from_chunk``).
 
 Without the CUDA backend in this build (``built()`` is False: the package was
 compiled without nvcc, see docs/PYTHON.md) or without a usable device,
@@ -136,9 +139,24 @@ class DevicePagedLayer:
         self.planes: Dict[str, Optional["torch.Tensor"]] = {
             name: (torch.zeros(n, dtype=torch.uint8, device=dev) if n else None) for name, n in sizes.items()
         }
+        self._borrow()
+        self._like = like
+        self.layer = layer
+
+    def _borrow(self) -> None:
         self._layer.borrow_planes(self.planes["k_codes"], self.planes["k_meta"], self.planes["v_codes"],
                                   self.planes["v_meta"])
-        self.layer = layer
+
+    def reset(self) -> None:
+        """A fresh C++ layer over the same planes: the centering means and the
+        'already written' state are dropped, so ``set_means_from_chunk`` may be
+        called again. The planes keep their bytes, which are stale from now on
+        (rows written under other means); write before reading them."""
+        import torch
+
+        with torch.cuda.device(self.device):
+            self._layer = _core.CudaPagedLayer(self._like, self.layer, self.num_blocks)
+        self._borrow()
 
     @property
     def num_blocks(self) -> int:
@@ -206,3 +224,75 @@ class DevicePagedLayer:
         self._layer.paged_decode(q, out, block_tables, seq_lens, workspace, max_seq_len=max_seq_len,
                                  scale=float(scale), window=int(window), stream=_stream(stream))
         return out
+
+    def plan_extend(self, batch: int, num_q_heads: int, total_q: int, max_q_len: int, max_seq_len: int, *,
+                    kernel: str = "auto") -> Dict[str, Any]:
+        """tq::cuda::DeviceLayer::PlanExtend: ``kernel`` ('narrow' or 'tile'),
+        ``decode_route`` (every sequence brings one token and kernel='auto':
+        the decode kernels run), the grid (rows_per_cta, q_tiles, splits,
+        tokens_per_split) and ``workspace_bytes``. ``kernel``: 'auto' (the
+        plan's choice), 'narrow' or 'tile' (forced)."""
+        return self._layer.plan_extend(batch, num_q_heads, total_q, max_q_len, max_seq_len, kernel=kernel)
+
+    def new_extend_workspace(self, batch: int, num_q_heads: int, total_q: int, max_q_len: int, max_seq_len: int, *,
+                             kernel: str = "auto"):
+        """A torch uint8 CUDA tensor large enough for paged_extend at this shape."""
+        import torch
+
+        n = self.plan_extend(batch, num_q_heads, total_q, max_q_len, max_seq_len, kernel=kernel)["workspace_bytes"]
+        return torch.empty(max(n, 1), dtype=torch.uint8, device=self.device)
+
+    def paged_extend(self, q, cu_seqlens_q, block_tables, seq_lens, *, max_q_len: int, max_seq_len: int,
+                     workspace=None, out=None, scale: float = 0.0, softcap: float = 0.0, window: int = 0,
+                     kernel: str = "auto", stream=None):
+        """Extend attention: new query tokens of a ragged batch over their pages.
+
+        q: [total_q, num_q_heads, head_dim] f16/bf16/f32 CUDA, the queries of
+        sequence b in rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1;
+        cu_seqlens_q: int32 [batch + 1] (0, ..., total_q); block_tables: int32
+        [batch, max_blocks]; seq_lens: int32 [batch], the tokens in sequence b's
+        pages, this step's new tokens included (write_slots them first, so a
+        chunk sees itself). Query i of sequence b (q_len_b queries) sits at
+        position seq_lens[b] - q_len_b + i and attends to the keys at positions
+        <= its own (window > 0: the last ``window`` of them); a query at a
+        negative position sees no key and its output row is 0. max_q_len >=
+        every q_len_b; max_seq_len >= every seq_lens[b] (both plan the grid).
+        scale: 0 = 1/sqrt(head_dim); softcap > 0: logits = softcap *
+        tanh(logits / softcap) (refused when the layer centres keys).
+        workspace: uint8 CUDA of at least plan_extend(...)['workspace_bytes']
+        (allocated here when None); out: like q (allocated when None).
+        Returns out. Asynchronous on the stream; allocates nothing itself."""
+        import torch
+
+        if out is None:
+            out = torch.empty(tuple(q.shape), dtype=q.dtype, device=q.device)
+        if workspace is None:
+            workspace = self.new_extend_workspace(cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[0], max_q_len,
+                                                  max_seq_len, kernel=kernel)
+        self._layer.paged_extend(q, out, cu_seqlens_q, block_tables, seq_lens, workspace, max_q_len=int(max_q_len),
+                                 max_seq_len=int(max_seq_len), scale=float(scale), softcap=float(softcap),
+                                 window=int(window), kernel=kernel, stream=_stream(stream))
+        return out
+
+    def copy_blocks(self, pairs, *, stream=None) -> None:
+        """Copies whole pages (every plane): pairs int32 CUDA [n, 2] of (source
+        page, destination page), vLLM's copy_blocks. Pairs naming a page
+        outside the pool are skipped and counted (take_errors()['bad_page_pairs'])."""
+        self._layer.copy_blocks(pairs, stream=_stream(stream))
+
+    def set_means_from_chunk(self, k, v, *, center_keys: bool = True, center_values: bool = False,
+                             stream=None) -> None:
+        """Sets the layer's centering means to the per-(head, channel) means of
+        k, v [tokens, num_kv_heads, head_dim] f16/bf16/f32 CUDA (sums in double
+        precision in token order, divided by tokens, rounded to float: the CPU
+        KVCache's rule). From then on writes subtract them (keys if
+        center_keys, values if center_values); attention ignores the key mean
+        (softmax-invariant) and adds the value mean back. Only before the
+        layer's first write_slots (reset() starts over)."""
+        self._layer.set_means_from_chunk(k, v, center_keys=bool(center_keys), center_values=bool(center_values),
+                                         stream=_stream(stream))
+
+    def get_means(self):
+        """(key_mean, value_mean): float32 numpy [num_kv_heads, head_dim] each,
+        None for a component that is not centred. Synchronizes the device."""
+        return self._layer.get_means()

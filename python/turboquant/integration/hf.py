@@ -3,32 +3,36 @@
 Two routes:
 
 * **Production** (`TurboQuantCache` + the attention function registered as
-  ``"turboquant"``): K/V are appended to our C++ ``KVCache`` (sinks, compressed
-  history, dense recent ring) and attention runs over the compressed cache
-  with ``tq::PrefillAttention`` (prompt / chunked prefill) and
-  ``tq::DecodeAttention`` (one new token). No dense K/V history is ever built:
-  the cache layers hold no ``keys``/``values`` tensors, and the attention
-  function only ever receives the current step's new K/V (as a handle to the
-  cache) and raises if it is handed anything else.
+  ``"turboquant"``): K/V go to our compressed caches and attention runs over
+  them; no dense K/V history is ever built. The cache layers hold no
+  ``keys``/``values`` tensors: ``update`` returns the step's new K/V tagged
+  with a handle, and the attention function stores them (the real tokens
+  only: it is the first to see the attention mask, and so the padding) and
+  attends. It raises if handed anything but such a handle.
+
+  - CPU (default): our C++ ``KVCache`` (sinks, compressed history, dense
+    recent ring, per-sequence centering), ``tq::PrefillAttention`` for
+    multi-token steps (one call per row) and ``tq::DecodeAttention`` for one
+    new token a row.
+  - CUDA (``device="cuda"``, ``max_cache_len=N``, the package built with the
+    CUDA backend): device pages and GPU kernels (``hf_cuda.PagedRoute``).
+
 * **Diagnostic** (`CompressedDynamicCache`, the seed API): wraps transformers'
   ``DynamicCache`` and stores quantized-then-dequantized K/V as dense tensors,
   so that any attention implementation sees the quantization error. It
   materializes dense history by design: a quality probe, refused in
   production mode (``ProductionModeError``).
 
-CUDA (``TurboQuantCache(..., device="cuda", max_cache_len=N)``, needs the
-package built with the CUDA backend): each layer's K/V live in device pages
-(``turboquant.cuda.DevicePagedLayer``, torch uint8 planes; one sequence per
-batch row, block tables on the device). A prompt on an empty cache is
-attended exactly with torch SDPA (causal) over the chunk's own K/V, which are
-then written compressed by the GPU write kernel; decode steps (one new token)
-run the fused GPU paged decode over the compressed pages. No dense history is
-stored on either device. Not on CUDA (raises ``IntegrationError``): chunked
-prefill on top of existing history (no GPU prefill kernel yet), soft-capping,
-presets the GPU kernels do not handle (``turboquant.cuda.is_supported``).
+Masks (``hf_masks``): causal, the model's sliding window, and left padding
+(padded positions are never stored nor attended); anything else raises
+``IntegrationError``. Multi-token steps over a history (chunked prefill, a
+second prompt, speculative verification) are served on both devices.
+``crop`` (which transformers' assisted generation needs) works on CUDA and is
+refused on the CPU (the CPU cache's compressed history is append-only); beam
+search reordering is refused on both.
 
 Written against the transformers 5.x ``Cache``/``CacheLayerMixin``
-API (tested with transformers 5.24 and 5.17, torch 2.15 CPU).
+API (tested with transformers 5.25 and 5.17, torch 2.15 CPU).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import inspect
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
 from .. import _core
 from .common import (
@@ -56,6 +60,8 @@ except ImportError as e:  # pragma: no cover - exercised only without torch/tran
     raise OptionalDependencyError(
         "turboquant.integration.hf needs torch and transformers>=5 "
         "(./scripts/install-python-deps.sh installs them from PyPI): " + str(e)) from e
+
+from .hf_masks import ChunkLayout, chunk_layout  # noqa: E402  (needs torch)
 
 ATTENTION_NAME = "turboquant"
 
@@ -90,6 +96,14 @@ def model_shape(config) -> Dict[str, int]:
     return {"num_layers": num_layers, "num_q_heads": num_q, "num_kv_heads": num_kv, "head_dim": int(head_dim)}
 
 
+def _softcap_of(config) -> float:
+    if config is None:
+        return 0.0
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    return float(getattr(config, "attn_logit_softcapping", None) or 0.0)
+
+
 def _cpu_f32(t: "torch.Tensor", what: str) -> "torch.Tensor":
     if t.device.type != "cpu":
         raise IntegrationError(
@@ -98,21 +112,19 @@ def _cpu_f32(t: "torch.Tensor", what: str) -> "torch.Tensor":
     return t.detach().to(torch.float32).contiguous()
 
 
-def _aligned(t: "torch.Tensor") -> "torch.Tensor":
-    """The GPU kernels take 16-byte aligned rows: a view at an odd offset is copied."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 @dataclass
 class CacheStats:
     """Counters of the production route (what ran, never estimates)."""
 
-    appended_tokens: int = 0          # (layer, sequence) tokens appended
-    prefill_calls: int = 0            # tq::PrefillAttention calls (one per sequence)
-    decode_calls: int = 0             # tq::DecodeAttention calls (one per batch)
+    appended_tokens: int = 0          # (layer, row) real tokens stored
+    padded_tokens: int = 0            # (layer, row) padded positions seen and not stored
+    prefill_calls: int = 0            # multi-token attention calls (CPU: one per row; CUDA: SDPA or extend)
+    decode_calls: int = 0             # one-token-a-row attention calls (one per batch)
     max_kv_tokens_seen: int = 0       # most K/V tokens handed to the attention function in one call
+    cropped_tokens: int = 0           # positions removed by crop (per layer)
     gpu_writes: int = 0               # CUDA: write-kernel launches (one per layer update)
-    gpu_decode_calls: int = 0         # CUDA: fused paged decode launches (one per layer step)
+    gpu_decode_calls: int = 0         # CUDA: fused paged decode launches
+    gpu_extend_calls: int = 0         # CUDA: fused paged extend launches
     sdpa_prefill_calls: int = 0       # CUDA: exact SDPA over a first prompt chunk (one per layer)
     kernel_calls_by_layer: Dict[int, int] = field(default_factory=dict)
 
@@ -122,23 +134,28 @@ class CacheStats:
 
 
 class _KVHandle:
-    """What a TurboQuantLayer.update returns in place of dense history."""
+    """What a TurboQuantLayer.update returns in place of dense history: the
+    step's new K/V ([batch, kv_heads, new_tokens, head_dim]), stored by the
+    attention function once the mask says which of them are real."""
 
-    __slots__ = ("layer", "new_tokens", "history")
+    __slots__ = ("layer", "new_tokens", "history", "keys", "values")
 
-    def __init__(self, layer: "TurboQuantLayer", new_tokens: int, history: int = 0):
+    def __init__(self, layer: "TurboQuantLayer", keys, values, history: int):
         self.layer = layer
-        self.new_tokens = new_tokens
-        self.history = history  # tokens cached before this update
+        self.new_tokens = keys.shape[-2]
+        self.history = history  # positions cached before this update (padded ones included)
+        self.keys = keys
+        self.values = values
 
 
 class TurboQuantLayer(CacheLayerMixin):
     """One decoder layer of a TurboQuantCache. Holds no dense tensors:
-    ``keys`` and ``values`` stay None; the tokens live in the C++ cache."""
+    ``keys`` and ``values`` stay None; the tokens live in the C++ cache or
+    the device pages. Its length (``get_seq_length``) counts positions as
+    transformers does, padded ones included."""
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
     supports_early_init = False
 
     def __init__(self, owner: "TurboQuantCache", layer_idx: int):
@@ -148,18 +165,30 @@ class TurboQuantLayer(CacheLayerMixin):
         self.batch_size = None
         self.dtype = None
         self.device = None
+        self._pending: Optional[_KVHandle] = None  # an update not yet attended
+        self._length = 0                           # positions, padded ones included
+        self._pads: List[int] = []                 # per row: padded positions (all before its first real token)
+
+    @property
+    def is_croppable(self) -> bool:  # transformers' assisted generation asks this
+        return self._owner._paged is not None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.device = key_states.device
         self.dtype = key_states.dtype
         self.batch_size = key_states.shape[0]
+        self._pads = [0] * self.batch_size
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         """key_states/value_states: [batch, num_kv_heads, new_tokens, head_dim].
-        Appends them to the compressed cache; returns the new-token tensors
-        tagged with a handle (never the history)."""
+        Returns them tagged with a handle (never the history); the attention
+        function stores them."""
         owner = self._owner
+        if self._pending is not None:
+            raise IntegrationError(
+                f"layer {self.layer_idx}: updated twice without attention in between: TurboQuantCache stores "
+                "K/V in the 'turboquant' attention function (it needs the mask), so the model must use it")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         b, h, t, d = key_states.shape
@@ -173,25 +202,27 @@ class TurboQuantLayer(CacheLayerMixin):
                 "(beam search / batch reordering is not supported by TurboQuantCache)")
         if b > owner.batch_capacity:
             raise ValueError(f"batch size {b} exceeds the cache's max_batch_size={owner.batch_capacity}")
-        if owner.on_cuda:
-            return owner._cuda_update(self, key_states, value_states)
-        k = _cpu_f32(key_states, "key_states")
-        v = _cpu_f32(value_states, "value_states")
-        for i in range(b):
-            owner._tq.append(self.layer_idx, i, k[i].transpose(0, 1).contiguous(),
-                             v[i].transpose(0, 1).contiguous())
-        owner.stats.appended_tokens += b * t
-        handle = _KVHandle(self, t)
+        if owner._paged is not None:
+            owner._paged.check_step(self.layer_idx, self._length, t, key_states, "key_states")
+            owner._paged.check_step(self.layer_idx, self._length, t, value_states, "value_states")
+        else:
+            for name, x in (("key_states", key_states), ("value_states", value_states)):
+                if x.device.type != "cpu":
+                    _cpu_f32(x, name)  # raises, naming the device
+        handle = _KVHandle(self, key_states, value_states, self._length)
+        self._pending = handle
         key_states._tq_handle = handle
         value_states._tq_handle = handle
         return key_states, value_states
 
+    def _commit(self, handle: _KVHandle, layout: ChunkLayout) -> None:
+        self._length = handle.history + handle.new_tokens
+        self._pads = layout.pads
+        self._pending = None
+        handle.keys = handle.values = None
+
     def get_seq_length(self) -> int:
-        if not self.is_initialized:
-            return 0
-        if self._owner.on_cuda:
-            return self._owner._cuda_lengths[self.layer_idx]
-        return self._owner._tq.length(self.layer_idx, 0)
+        return self._length if self.is_initialized else 0
 
     def get_mask_sizes(self, query_length: int):
         return self.get_seq_length() + query_length, 0
@@ -211,9 +242,29 @@ class TurboQuantLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.is_initialized = False
         self.batch_size = None
+        self._pending = None
+        self._length = 0
+        self._pads = []
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise IntegrationError("TurboQuantCache cannot crop (compressed history is append-only)")
+        """Removes the last ``-tokens_to_remove`` positions (transformers'
+        convention: a negative count; 0 is a no-op). CUDA only."""
+        owner = self._owner
+        if owner._paged is None:
+            raise IntegrationError(
+                "TurboQuantCache on the CPU cannot crop (its compressed history is append-only); assisted "
+                "generation and other rollbacks need TurboQuantCache(device='cuda', ...)")
+        if tokens_to_remove > 0:
+            raise IntegrationError(
+                f"crop({tokens_to_remove}): pass a negative count of positions to remove (or 0), as transformers "
+                "does; an absolute target length is not accepted")
+        n = min(-tokens_to_remove, self._length)
+        if n == 0 or not self.is_initialized:
+            return
+        owner._paged.crop(self.layer_idx, n)
+        self._length -= n
+        self._pads = [min(p, self._length) for p in self._pads]
+        owner.stats.cropped_tokens += n
 
     def reorder_cache(self, beam_idx) -> None:
         raise IntegrationError("TurboQuantCache does not support beam search (reorder_cache)")
@@ -226,7 +277,7 @@ class TurboQuantLayer(CacheLayerMixin):
 
 
 class TurboQuantCache(Cache):
-    """Production transformers cache over our C++ caches.
+    """Production transformers cache over our compressed caches.
 
     ``TurboQuantCache(model.config, kv_config=KVQuantConfig(preset="k4_v4"), max_batch_size=1)``;
     use it with a model whose attention implementation is ``"turboquant"``
@@ -237,13 +288,14 @@ class TurboQuantCache(Cache):
         out = generate(model, input_ids, cache, max_new_tokens=32)
 
     CPU (default): our ``KVCache`` (sinks, compressed history, dense recent
-    ring, centering). CUDA (``device="cuda"``, ``max_cache_len`` required):
-    one ``turboquant.cuda.DevicePagedLayer`` per layer, pages of
-    ``block_size`` tokens, a pool of ``max_batch_size * ceil(max_cache_len /
-    block_size)`` pages allocated here (torch uint8 tensors); every token is
-    stored compressed (PagedKVCache semantics: the KVQuantConfig fields
-    recent_window, sink_tokens, compress_chunk, center_keys, center_values and
-    dense_type do not apply). Every layer's preset must pass
+    ring, per-sequence centering). CUDA (``device="cuda"``, ``max_cache_len``
+    required, padded positions included): one
+    ``turboquant.cuda.DevicePagedLayer`` per layer, pages of ``block_size``
+    tokens, a pool of ``max_batch_size * ceil(max_cache_len / block_size)``
+    pages allocated here (torch uint8 tensors); every token is stored
+    compressed, so recent_window, sink_tokens, compress_chunk and dense_type
+    do not apply; center_keys / center_values do (means of each layer's first
+    chunk, all rows together). Every layer's preset must pass
     ``turboquant.cuda.is_supported`` (IntegrationError otherwise).
 
     Per-layer presets follow ``policy_from_config(kv_config, num_layers)``.
@@ -274,9 +326,14 @@ class TurboQuantCache(Cache):
         self.stats = CacheStats()
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.on_cuda = self.device.type == "cuda"
+        self._paged = None
+        self._tq = None
+        self._mask_memo: Optional[tuple] = None
         if self.on_cuda:
-            self._tq = None
-            self._cuda_init(max_cache_len, block_size)
+            from .hf_cuda import PagedRoute
+
+            self._paged = PagedRoute.for_cuda(self, max_cache_len, block_size, self.device, _softcap_of(config))
+            self.device = self._paged.device
         else:
             if self.device.type != "cpu":
                 raise IntegrationError(f"TurboQuantCache runs on the CPU or CUDA, not on {self.device}")
@@ -290,163 +347,125 @@ class TurboQuantCache(Cache):
 
     route = "production"
 
-    # -- CUDA backend ---------------------------------------------------------
+    def _serve_with(self, paged) -> None:
+        """Serves this cache through ``paged`` (an ``hf_cuda.PagedRoute``)
+        instead of the CPU KVCache; tests pass one whose layers are a torch
+        reference on the CPU. Only before the first update."""
+        if any(layer.is_initialized for layer in self.layers):
+            raise IntegrationError("_serve_with: the cache already holds tokens")
+        self._paged, self._tq = paged, None
+        self.device = paged.device
 
-    def _cuda_init(self, max_cache_len: Optional[int], block_size: int) -> None:
-        from .. import cuda as tqcuda
+    # -- a step ---------------------------------------------------------------
 
-        if not max_cache_len or max_cache_len < 1:
-            raise ValueError("TurboQuantCache on CUDA needs max_cache_len (prompt + new tokens): the device "
-                             "page pool is allocated once, at construction")
+    def _layout(self, mask, layer: TurboQuantLayer, b: int, q_len: int, history: int, window: int) -> ChunkLayout:
+        """chunk_layout, computed once per mask object and state: every layer
+        of a forward gets the same mask tensor."""
+        key = (history, q_len, window, tuple(layer._pads))
+        memo = self._mask_memo
+        if memo is not None and mask is not None and memo[0] is mask and memo[1] == key:
+            return memo[2]
+        layout = chunk_layout(mask, b, q_len, history, window, layer._pads)
+        if mask is not None:
+            self._mask_memo = (mask, key, layout)
+        return layout
+
+    def _attend(self, handle: _KVHandle, query, mask, scale: float, softcap: float, window: int):
+        """Stores the handle's real tokens and attends; [batch, q_len, q_heads, head_dim]."""
+        layer = handle.layer
+        b, hq, t, d = query.shape
         try:
-            tqcuda.require()
-        except tqcuda.CudaUnavailableError as e:
-            raise IntegrationError(str(e)) from e
-        gqa = 1
-        if self.num_q_heads:
-            if self.num_q_heads % self.num_kv_heads:
-                raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
-            gqa = self.num_q_heads // self.num_kv_heads
-        for layer, preset in self.layer_presets.items():
-            why = tqcuda.unsupported_reason(preset, self.head_dim, block_size=block_size, gqa_ratio=gqa)
-            if why is not None:
-                raise IntegrationError(
-                    f"layer {layer}: preset '{preset}' (head_dim {self.head_dim}, block_size {block_size}, GQA "
-                    f"{gqa}) is not supported by the CUDA backend: {why}")
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.block_size = block_size
-        self.blocks_per_seq = -(-max_cache_len // block_size)
-        self.capacity = self.blocks_per_seq * block_size  # tokens per sequence (whole pages)
-        num_blocks = self.batch_capacity * self.blocks_per_seq
-        # Host template: formats, codecs and means only (a pool of one page).
-        self._host_template = _core.PagedKVCache(
-            self.num_layers, self.num_kv_heads, self.head_dim, num_blocks=1, block_size=block_size,
-            preset=self.kv_config.preset, seed=self.kv_config.seed, layer_presets=dict(self.layer_presets))
-        self._dev_layers = [tqcuda.DevicePagedLayer(self._host_template, i, num_blocks, device=self.device)
-                            for i in range(self.num_layers)]
-        # Sequence i owns pages [i * blocks_per_seq, (i + 1) * blocks_per_seq).
-        self._block_tables = torch.arange(num_blocks, dtype=torch.int32, device=self.device).view(
-            self.batch_capacity, self.blocks_per_seq)
-        self._seq_lens = torch.zeros(self.num_layers, self.batch_capacity, dtype=torch.int32, device=self.device)
-        self._cuda_lengths = [0] * self.num_layers
-        self._workspace = None
-        self._workspace_key = None
+            layout = self._layout(mask, layer, b, t, handle.history, window)
+        except IntegrationError:
+            layer._pending = None  # refused before anything was stored: the cache is as before the step
+            raise
+        st = self.stats
+        if self._paged is not None:
+            out = self._paged.attend(layer.layer_idx, handle.history, query, handle.keys, handle.values, layout,
+                                     mask, scale, softcap, window)
+        else:
+            out = self._cpu_attend(layer.layer_idx, query, handle, layout, scale, softcap, window)
+        real = layout.real_tokens(t)
+        st.appended_tokens += real
+        st.padded_tokens += b * t - real
+        layer._commit(handle, layout)
+        return out
 
-    def _cuda_update(self, layer: "TurboQuantLayer", key_states, value_states):
-        b, h, t, d = key_states.shape
-        idx = layer.layer_idx
-        for name, x in (("key_states", key_states), ("value_states", value_states)):
-            if x.device != self.device:
-                raise IntegrationError(f"layer {idx}: {name} is on {x.device}, the cache is on {self.device}")
-        history = self._cuda_lengths[idx]
-        if history > 0 and t > 1:
-            raise IntegrationError(
-                f"layer {idx}: chunked prefill on top of existing history ({history} cached tokens, {t} new) is "
-                "not supported on CUDA: the GPU backend has no prefill kernel yet. Prefill the whole prompt in "
-                "one forward on an empty cache, then decode one token per step (or use the CPU route)")
-        if history + t > self.capacity:
-            raise IntegrationError(
-                f"layer {idx}: {history + t} tokens exceed the cache's max_cache_len (capacity {self.capacity})")
-        dev = self._dev_layers[idx]
-        pos = torch.arange(history, history + t, dtype=torch.int64, device=self.device)
-        rows = torch.arange(b, dtype=torch.int64, device=self.device) * self.capacity
-        slots = (rows[:, None] + pos[None, :]).reshape(-1)
-        k = _aligned(key_states.detach().transpose(1, 2).reshape(b * t, h, d).contiguous())
-        v = _aligned(value_states.detach().transpose(1, 2).reshape(b * t, h, d).contiguous())
-        dev.write_slots(k, v, slots)
-        self.stats.gpu_writes += 1
-        self._cuda_lengths[idx] = history + t
-        self._seq_lens[idx].fill_(history + t)
-        if history == 0:
-            # Once per layer per prompt: surface rows the write kernel skipped
-            # (non-finite input, fp16 scale overflow) instead of dropping them.
-            errs = dev.take_errors()
-            if not errs["ok"]:
-                raise IntegrationError(f"layer {idx}: the GPU write kernel skipped rows of the prompt: {errs}")
-        self.stats.appended_tokens += b * t
-        handle = _KVHandle(layer, t, history)
-        key_states._tq_handle = handle
-        value_states._tq_handle = handle
-        return key_states, value_states
-
-    def _cuda_attention(self, module, layer: "TurboQuantLayer", handle: _KVHandle, query, key, value,
-                        attention_mask, scale: float, softcap: float, window: int):
-        b, hq, q_len, d = query.shape
-        idx = layer.layer_idx
-        if softcap:
-            raise IntegrationError("attention 'turboquant' on CUDA does not support logit soft-capping")
-        if query.device != self.device:
-            raise IntegrationError(f"query is on {query.device}, the cache is on {self.device}")
-        length = handle.history + q_len
-        if attention_mask is not None:
-            _check_causal_mask(attention_mask, b, q_len, length, handle.history, window)
-        if handle.history == 0:
-            # First prompt chunk: exact causal attention over the chunk's own K/V
-            # (they are also in the pages, compressed, for the decode steps).
-            if window and window < q_len:
-                raise IntegrationError("attention 'turboquant' on CUDA: sliding window shorter than the prompt")
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, is_causal=q_len > 1, scale=scale or None, enable_gqa=key.shape[1] != hq)
-            self.stats.sdpa_prefill_calls += 1
-            self.stats.prefill_calls += 1
-            return out.transpose(1, 2).contiguous()
-        if q_len != 1:  # (update() already refused this)
-            raise IntegrationError("attention 'turboquant' on CUDA: only one new token per step after the prompt")
-        q = _aligned(query[:, :, 0, :].contiguous())
-        key_ws = (b, hq)
-        if self._workspace_key != key_ws:
-            self._workspace = self._dev_layers[idx].new_workspace(b, hq, self.capacity)
-            self._workspace_key = key_ws
-        out = self._dev_layers[idx].paged_decode(
-            q, self._block_tables[:b], self._seq_lens[idx, :b], max_seq_len=self.capacity,
-            workspace=self._workspace, scale=scale, window=window)
-        self.stats.gpu_decode_calls += 1
-        self.stats.decode_calls += 1
-        return out.view(b, 1, hq, d)
+    def _cpu_attend(self, idx: int, query, handle: _KVHandle, layout: ChunkLayout, scale: float, softcap: float,
+                    window: int):
+        q = _cpu_f32(query, "query")
+        k = _cpu_f32(handle.keys, "key_states")
+        v = _cpu_f32(handle.values, "value_states")
+        b, hq, t, d = q.shape
+        lead = layout.lead
+        stored = [self._tq.length(idx, i) for i in range(b)]  # real tokens before this step
+        for i in range(b):
+            if lead[i] < t:
+                self._tq.append(idx, i, k[i, :, lead[i]:].transpose(0, 1).contiguous(),
+                                v[i, :, lead[i]:].transpose(0, 1).contiguous())
+        st = self.stats
+        if t == 1 and layout.all_real:
+            flat = self._tq.decode_attention(idx, list(range(b)), q[:, :, 0, :].contiguous(), scale=scale,
+                                             softcap=softcap, window=window, threads=self.threads)
+            st.decode_calls += 1
+            return torch.from_numpy(flat).view(b, 1, hq, d)
+        out = torch.zeros(b, t, hq, d)
+        for i in range(b):
+            n = t - lead[i]
+            if n == 0:  # only padded positions in this row: outputs stay 0
+                continue
+            flat = self._tq.prefill_attention(idx, i, q[i, :, lead[i]:].transpose(0, 1).contiguous(),
+                                              query_start=stored[i], scale=scale, softcap=softcap, window=window,
+                                              threads=self.threads)
+            out[i, lead[i]:] = torch.from_numpy(flat).view(n, hq, d)
+            st.prefill_calls += 1
+        return out
 
     def take_write_errors(self) -> Dict[str, int]:
         """CUDA: synchronizes and sums the write kernel's error counters over the
         layers since the last call (all zero when every row was written)."""
-        tot = {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
-        for dev in self._dev_layers if self.on_cuda else ():
-            e = dev.take_errors()
-            for k in tot:
-                tot[k] += e[k]
-        return tot
+        if self._paged is None:
+            return {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
+        return self._paged.take_write_errors()
 
     # -------------------------------------------------------------------------
 
     @property
     def core(self):
         """The underlying turboquant.KVCache (CPU) or the list of DevicePagedLayer (CUDA)."""
-        return self._dev_layers if self.on_cuda else self._tq
+        return self._paged.layers if self._paged is not None else self._tq
 
     def reset(self):
-        if self.on_cuda:
-            self._cuda_lengths = [0] * self.num_layers
-            self._seq_lens.zero_()
+        if self._paged is not None:
+            self._paged.reset()
         else:
             for seq in range(self.batch_capacity):
                 self._tq.free(seq)
         for layer in self.layers:
             layer.reset()
+        self._mask_memo = None
+
+    def stored_tokens(self) -> int:
+        """Real tokens held, summed over layers and rows (padded positions excluded)."""
+        return sum(layer._length * len(layer._pads) - sum(layer._pads)
+                   for layer in self.layers if layer.is_initialized)
 
     def ledger(self) -> Dict[str, int]:
         """Exact bytes held by the C++ cache, by content (tq::KVLedger). CUDA:
-        the device planes (allocated for max_cache_len), the decode workspace,
-        and the tokens stored."""
-        if self.on_cuda:
-            planes = sum(dev.nbytes for dev in self._dev_layers)
-            ws = self._workspace.numel() if self._workspace is not None else 0
-            tokens = sum(self._cuda_lengths) * (self.layers[0].batch_size or 0) * self.num_kv_heads
-            tables = self._block_tables.numel() * 4 + self._seq_lens.numel() * 4
+        the device planes (allocated for max_cache_len), the shared attention
+        workspace, the block tables and lengths, and the tokens stored."""
+        if self._paged is not None:
+            p = self._paged
+            planes = p.plane_bytes()
+            ws = p.workspace.numel() if p.workspace is not None else 0
+            tables = p.block_tables.numel() * 4 + p.seq_lens.numel() * 4
+            tokens = self.stored_tokens() * self.num_kv_heads
             return {"planes": planes, "workspace": ws, "tables": tables, "tokens": tokens,
                     "head_dim": self.head_dim, "total": planes + ws + tables}
         return self._tq.ledger()
 
     def nbytes(self) -> int:
-        return self.ledger()["total"] if self.on_cuda else self._tq.allocated_bytes
+        return self.ledger()["total"] if self._paged is not None else self._tq.allocated_bytes
 
     def dense_equivalent_bytes(self, element_size: int = 2) -> int:
         """Bytes a dense cache of the same tokens would take (K and V, element_size bytes each)."""
@@ -459,7 +478,8 @@ def turboquant_attention_forward(module, query, key, value, attention_mask, scal
     """transformers attention function (registered as ``"turboquant"``).
 
     query: [batch, num_q_heads, q_len, head_dim]; key/value must be the handles
-    returned by ``TurboQuantLayer.update``. Returns ([batch, q_len, num_q_heads, head_dim], None).
+    returned by ``TurboQuantLayer.update``. Stores the step's real tokens,
+    then attends. Returns ([batch, q_len, num_q_heads, head_dim], None).
     """
     handle = getattr(key, "_tq_handle", None)
     if handle is None:
@@ -468,64 +488,22 @@ def turboquant_attention_forward(module, query, key, value, attention_mask, scal
             "cache=TurboQuantCache(model.config, ...) (generate(..., cache) does) and keep use_cache on; "
             "it never densifies a cache")
     layer: TurboQuantLayer = handle.layer
-    owner = layer._owner
+    owner: TurboQuantCache = layer._owner
+    if layer._pending is not handle:
+        raise IntegrationError(f"layer {layer.layer_idx}: these K/V were already attended (or the cache was reset)")
     if dropout and module.training:
         raise IntegrationError("attention 'turboquant' is inference-only (dropout > 0 in training mode)")
     b, hq, q_len, d = query.shape
     if q_len != handle.new_tokens:
         raise IntegrationError(f"query length {q_len} != new K/V tokens {handle.new_tokens}")
-    length = layer.get_seq_length()
-    query_start = length - q_len
     scale = float(scaling) if scaling is not None else 0.0
     softcap = float(kwargs.get("softcap") or getattr(getattr(module, "config", None), "attn_logit_softcapping", None) or 0.0)
     window = int(kwargs.get("sliding_window") or 0)
     st = owner.stats
-    if owner.on_cuda:
-        st.max_kv_tokens_seen = max(st.max_kv_tokens_seen, key.shape[-2])
-        st.kernel_calls_by_layer[layer.layer_idx] = st.kernel_calls_by_layer.get(layer.layer_idx, 0) + 1
-        return owner._cuda_attention(module, layer, handle, query, key, value, attention_mask, scale, softcap,
-                                     window), None
-    if attention_mask is not None:
-        _check_causal_mask(attention_mask, b, q_len, length, query_start, window)
-    q = _cpu_f32(query, "query")
     st.max_kv_tokens_seen = max(st.max_kv_tokens_seen, key.shape[-2])
     st.kernel_calls_by_layer[layer.layer_idx] = st.kernel_calls_by_layer.get(layer.layer_idx, 0) + 1
-    if q_len == 1:
-        flat = owner._tq.decode_attention(layer.layer_idx, list(range(b)), q[:, :, 0, :].contiguous(),
-                                          scale=scale, softcap=softcap, window=window, threads=owner.threads)
-        out = torch.from_numpy(flat).view(b, 1, hq, d)
-        st.decode_calls += 1
-    else:
-        outs = []
-        for i in range(b):
-            flat = owner._tq.prefill_attention(layer.layer_idx, i, q[i].transpose(0, 1).contiguous(),
-                                               query_start=query_start, scale=scale, softcap=softcap,
-                                               window=window, threads=owner.threads)
-            outs.append(torch.from_numpy(flat).view(q_len, hq, d))
-            st.prefill_calls += 1
-        out = torch.stack(outs)
+    out = owner._attend(handle, query, attention_mask, scale, softcap, window)
     return out.to(device=query.device, dtype=query.dtype), None
-
-
-def _check_causal_mask(mask, b, q_len, kv_len, query_start, window=0):
-    """Accepts only the causal mask our kernels compute (with a sliding
-    window W: keys in (pos - W, pos]); padding or custom masks raise instead
-    of being ignored."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-1] != kv_len or mask.shape[-2] != q_len:
-        raise IntegrationError(
-            f"attention 'turboquant' supports causal masks only; got {type(mask).__name__} "
-            f"{tuple(getattr(mask, 'shape', ()))} (expected [batch, 1, {q_len}, {kv_len}])")
-    pos = torch.arange(q_len).unsqueeze(1) + query_start
-    keys = torch.arange(kv_len).unsqueeze(0)
-    causal = keys <= pos
-    if window:
-        causal &= keys > pos - window
-    allowed = mask if mask.dtype == torch.bool else (mask == 0)
-    if not torch.equal(allowed.to("cpu").expand(b, allowed.shape[1], q_len, kv_len),
-                       causal.expand(b, allowed.shape[1], q_len, kv_len)):
-        raise IntegrationError(
-            "attention 'turboquant' supports causal masks only (no padding): run batch items of equal "
-            "length, or one at a time")
 
 
 _registered = False
