@@ -37,6 +37,18 @@ def kvcfg(preset, **kw):
     return KVQuantConfig(**base)
 
 
+def run_cuts(model, cache, ids, cuts):
+    """One forward over ids[:, a:b] for each pair of consecutive cuts (prompt
+    chunks, one-token decodes, a second prompt); float32 logits [cuts[-1],
+    vocab] of row 0, on the model's device."""
+    kw = {hf.cache_kwarg(model): cache, "use_cache": True}
+    out = []
+    with torch.no_grad():
+        for a, b in zip(cuts, cuts[1:]):
+            out.append(model(ids[:, a:b], **kw).logits[0])
+    return torch.cat(out).float()
+
+
 def left_pad(prompts, device):
     """ids, mask, position_ids [batch, T] (T = longest prompt): prompt i at
     the right end of row i, mask 1 on its tokens, positions 0.. on them (0 on pads)."""

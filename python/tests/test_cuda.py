@@ -1,6 +1,10 @@
 """CUDA backend from Python (turboquant.cuda) and the HF production route on
 CUDA. GPU tests skip cleanly without a CUDA device or without the CUDA
-backend in this build; the "unavailable" tests run everywhere else."""
+backend in this build; the "unavailable" tests run everywhere else. The
+extend tests compare with paged_reference.attention_reference (fp64) on the
+pages' own K/V decoded by the host PagedKVCache, whose writes are byte-equal
+to the GPU write kernel's; test_cuda_hf.py holds the rest of the HF route's
+GPU tests."""
 import numpy as np
 import pytest
 
@@ -195,10 +199,10 @@ def test_hf_cuda_route_quality_generation_and_errors():
         assert cache.get_seq_length() == 300 and cache.take_write_errors()["non_finite_inputs"] == 0
         # no dense history: the cache's layers hold no tensors
         assert all(getattr(layer, "keys", None) is None for layer in cache.layers)
-        # chunked prefill on top of history: no GPU prefill kernel -> raises
-        with pytest.raises(IntegrationError, match="no prefill kernel"):
-            with torch.no_grad():
-                model(ids[:, :5], use_cache=True, **{hf.cache_kwarg(model): cache})
+        # a chunk on top of the history runs the paged extend kernel
+        with torch.no_grad():
+            more = model(ids[:, :5], use_cache=True, **{hf.cache_kwarg(model): cache}).logits
+        assert cache.stats.gpu_extend_calls == 2 and bool(torch.isfinite(more).all())
     # 8-bit keys and values: every decode step; 4-bit values dominate the rest
     # (the CPU route with no recent window measures 0.988 / 0.971 minimum on this model)
     assert cos["q8"].min().item() >= 0.99, cos
@@ -222,3 +226,136 @@ def test_hf_cuda_route_quality_generation_and_errors():
     with pytest.raises(IntegrationError, match="max_cache_len"):
         with torch.no_grad():
             model(ids[:, :100], use_cache=True, **{hf.cache_kwarg(model): cache})
+
+
+# ---------------------------------------------------------------------------
+# extend, page copies and centering means
+
+
+def _nmse(got, want):
+    return float(((got - want) ** 2).sum() / (want ** 2).sum())
+
+
+def _ragged(preset, kv_lens, q_lens, seed, *, kvh=2, qh=8, d=128, bs=16, dtype=torch.float32):
+    """Host and device pages holding random sequences of kv_lens tokens (the
+    same rows written by both), and a ragged query batch whose sequence b
+    brings q_lens[b] tokens. Returns (dev, host-decoded K/V per sequence, q,
+    cu_seqlens, tables, lens)."""
+    host, writes, tables = _host_pages(preset, kvh, d, bs, kv_lens, seed)
+    dev = tqcuda.DevicePagedLayer(host, 0, 64)
+    for k, v, slots in writes:
+        dev.write_slots(torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda(), torch.from_numpy(slots).cuda())
+    assert dev.take_errors()["ok"]
+    seqs = []
+    for b, n in enumerate(kv_lens):
+        k, v = host.dequantize_for_diagnostics(0, b)
+        seqs.append((torch.from_numpy(k).view(n, kvh, d), torch.from_numpy(v).view(n, kvh, d)))
+    g = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(sum(q_lens), qh, d, generator=g).to(dtype).cuda()
+    cu = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32, device="cuda")
+    return dev, seqs, q, cu, torch.from_numpy(tables).cuda(), torch.tensor(kv_lens, dtype=torch.int32, device="cuda")
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["auto", "narrow", "tile"])
+@pytest.mark.parametrize("preset", ["k4_v4", "q8"])
+def test_extend_matches_fp64_reference(preset, kernel):
+    """Ragged batch (a decode row, a chunk over history, a whole prompt, a
+    sequence with more queries than keys), GQA 4, with and without window
+    and soft-cap, f32 and f16 queries: NMSE <= 1e-5 per sequence against fp64
+    attention on the pages' decoded K/V; queries at negative positions give 0."""
+    from paged_reference import attention_reference
+    kv_lens, q_lens = [70, 33, 37, 5], [1, 9, 37, 8]
+    for dtype in (torch.float32, torch.float16):
+        dev, seqs, q, cu, tables, lens = _ragged(preset, kv_lens, q_lens, seed=7, dtype=dtype)
+        for window, softcap in [(0, 0.0), (24, 0.0), (0, 30.0)]:
+            got = dev.paged_extend(q, cu, tables, lens, max_q_len=max(q_lens), max_seq_len=tables.shape[1] * 16,
+                                   window=window, softcap=softcap, kernel=kernel)
+            want = attention_reference(q.float().cpu(), cu.cpu(), [k for k, _ in seqs], [v for _, v in seqs],
+                                       softcap=softcap, window=window)
+            got = got.double().cpu()
+            c = cu.tolist()
+            for b in range(len(kv_lens)):
+                assert _nmse(got[c[b]:c[b + 1]], want[c[b]:c[b + 1]]) <= 1e-5, (dtype, window, softcap, b)
+            assert torch.all(got[c[3]:c[3] + 3] == 0)  # 8 queries over 5 keys: the first 3 see none
+    plan = dev.plan_extend(4, 8, sum(q_lens), max(q_lens), 80, kernel=kernel)
+    assert plan["kernel"] in ("narrow", "tile") and plan["workspace_bytes"] > 0
+    if kernel != "auto":
+        assert plan["kernel"] == kernel
+    # every sequence with one query: 'auto' routes to the decode kernels
+    assert dev.plan_extend(4, 8, 4, 1, 80)["decode_route"]
+
+
+@gpu
+def test_extend_validates_arguments():
+    dev, seqs, q, cu, tables, lens = _ragged("k4_v4", [40, 20], [4, 4], seed=3)
+    kw = dict(max_q_len=4, max_seq_len=tables.shape[1] * 16)
+    assert torch.isfinite(dev.paged_extend(q, cu, tables, lens, **kw)).all()  # the valid call
+    with pytest.raises(ValueError, match="cu_seqlens_q: dtype must be int32"):
+        dev.paged_extend(q, cu.long(), tables, lens, **kw)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        dev.paged_extend(q.cpu(), cu, tables, lens, **kw)
+    with pytest.raises(ValueError, match="batch 2"):
+        dev.paged_extend(q, cu, tables[:1], lens, **kw)
+    with pytest.raises(ValueError, match="head_dim 128"):
+        dev.paged_extend(q[..., :64].contiguous(), cu, tables, lens, **kw)
+    with pytest.raises(ValueError, match="workspace"):
+        dev.paged_extend(q, cu, tables, lens, workspace=torch.empty(16, dtype=torch.uint8, device="cuda"), **kw)
+    with pytest.raises(ValueError, match="'auto', 'narrow' or 'tile'"):
+        dev.paged_extend(q, cu, tables, lens, kernel="fast", **kw)
+    with pytest.raises(ValueError, match="max_q_len"):
+        dev.paged_extend(q, cu, tables, lens, max_q_len=0, max_seq_len=kw["max_seq_len"])
+    with pytest.raises(ValueError, match="softcap"):
+        dev.paged_extend(q, cu, tables, lens, softcap=-1.0, **kw)
+
+
+@gpu
+def test_copy_blocks_and_centering_means():
+    kvh, d, bs = 2, 128, 16
+    host = tq.PagedKVCache(1, kvh, d, num_blocks=1, block_size=bs, preset="k4_v4")
+    dev = tqcuda.DevicePagedLayer(host, 0, 16)
+    g = torch.Generator().manual_seed(5)
+    k = (torch.randn(40, kvh, d, generator=g) + 3.0).cuda()  # a key bias the means remove
+    v = torch.randn(40, kvh, d, generator=g).cuda()
+    dev.set_means_from_chunk(k, v, center_keys=True, center_values=True)
+    km, vm = dev.get_means()
+    want_k = k.double().cpu().sum(0) / 40
+    assert km.shape == (kvh, d) and np.abs(km - want_k.float().numpy()).max() <= 1e-6
+    assert np.abs(vm - (v.double().cpu().sum(0) / 40).float().numpy()).max() <= 1e-6
+    dev.write_slots(k, v, torch.arange(40, dtype=torch.int64, device="cuda"))  # pages 0, 1, 2
+    assert dev.take_errors()["ok"]
+    with pytest.raises(Exception, match="before the first WriteSlots"):
+        dev.set_means_from_chunk(k, v)
+    # the same rows on the host with the device's means: the same bytes, so the same decoded K/V
+    ref_host = tq.PagedKVCache(1, kvh, d, num_blocks=16, block_size=bs, preset="k4_v4")
+    ref_host.set_means(0, km, vm)
+    s = ref_host.add_sequence()
+    slots = np.asarray(ref_host.reserve_slots(s, 40), dtype=np.int64)
+    ref_host.write_slots(0, k.cpu().numpy(), v.cpu().numpy(), slots)
+    hk, hv = ref_host.dequantize_for_diagnostics(0, s)
+    from paged_reference import attention_reference
+    q = torch.randn(3, 8, d, generator=g).cuda()
+    cu = torch.tensor([0, 3], dtype=torch.int32, device="cuda")
+    tables = torch.tensor([[0, 1, 2, 0]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([40], dtype=torch.int32, device="cuda")
+    got = dev.paged_extend(q, cu, tables, lens, max_q_len=3, max_seq_len=64).double().cpu()
+    want = attention_reference(q.cpu(), [0, 3], [torch.from_numpy(hk).view(40, kvh, d)],
+                               [torch.from_numpy(hv).view(40, kvh, d)])
+    assert _nmse(got, want) <= 1e-5
+    # page copies: pages 0..2 -> 5..7; the copy attends like the original
+    dev.copy_blocks(torch.tensor([[0, 5], [1, 6], [2, 7]], dtype=torch.int32, device="cuda"))
+    copied = dev.paged_extend(q, cu, torch.tensor([[5, 6, 7, 0]], dtype=torch.int32, device="cuda"), lens,
+                              max_q_len=3, max_seq_len=64).double().cpu()
+    assert torch.equal(copied, got.to(copied.dtype))
+    dev.copy_blocks(torch.tensor([[0, 99]], dtype=torch.int32, device="cuda"))  # outside the pool of 16
+    assert dev.take_errors()["bad_page_pairs"] == 1
+    with pytest.raises(ValueError, match=r"\[n, 2\]"):
+        dev.copy_blocks(torch.zeros(3, dtype=torch.int32, device="cuda").view(1, 3))
+    # soft-cap with centred keys: refused by the kernel, with the reason
+    with pytest.raises(Exception, match="soft-cap with key means"):
+        dev.paged_extend(q, cu, tables, lens, max_q_len=3, max_seq_len=64, softcap=30.0)
+    # reset: a fresh layer over the same planes takes new means
+    dev.reset()
+    assert dev.get_means() == (None, None)
+    dev.set_means_from_chunk(k, v, center_keys=True, center_values=False)
+    assert dev.get_means()[1] is None

@@ -14,7 +14,7 @@ from transformers import DynamicCache  # noqa: E402
 from turboquant.integration import hf  # noqa: E402
 from turboquant.integration.common import IntegrationError, KVQuantConfig  # noqa: E402
 from turboquant.integration.hf_cuda import PagedRoute  # noqa: E402
-from hf_runs import make_model, padded_vs_alone  # noqa: E402  (tests/hf_runs.py)
+from hf_runs import make_model, padded_vs_alone, run_cuts  # noqa: E402  (tests/hf_runs.py)
 from paged_reference import ReferencePagedLayer  # noqa: E402  (tests/paged_reference.py)
 
 
@@ -28,28 +28,17 @@ def paged_cache(model, cfg=None, batch=1, max_len=128, block_size=16):
     return cache
 
 
-def script(model, cache, ids, cuts):
-    """One forward over ids[:, a:b] for each pair of consecutive cuts (prompt
-    chunks, one-token decodes, a second prompt); float32 logits [cuts[-1], vocab] of row 0."""
-    kw = {hf.cache_kwarg(model): cache, "use_cache": True}
-    out = []
-    with torch.no_grad():
-        for a, b in zip(cuts, cuts[1:]):
-            out.append(model(ids[:, a:b], **kw).logits[0])
-    return torch.cat(out).float()
-
-
 def test_chunked_prefill_decode_and_second_prompt_match_dense():
     model = make_model("llama")
     ids = torch.randint(0, 256, (1, 100), generator=torch.Generator().manual_seed(1))
     # prompt in chunks of 30 and 25 tokens, 3 decodes, a 30-token second prompt, 3 decodes
     cuts = [0, 30, 55, 56, 57, 58, 88, 89, 90, 91]
     model.set_attn_implementation("sdpa")
-    ref = script(model, DynamicCache(), ids, cuts)
+    ref = run_cuts(model, DynamicCache(), ids, cuts)
     model.set_attn_implementation(hf.ATTENTION_NAME)
     for center_values in (False, True):
         cache = paged_cache(model, KVQuantConfig(preset="k4_v4", center_values=center_values))
-        got = script(model, cache, ids, cuts)
+        got = run_cuts(model, cache, ids, cuts)
         assert torch.allclose(got, ref, atol=1e-4 * ref.abs().max().item()), (got - ref).abs().max()
         st = cache.stats
         # 2 layers: SDPA for the first chunk, extend for the second chunk and the second prompt
@@ -91,8 +80,11 @@ def test_crop_and_assisted_generation():
     """transformers' assisted generation verifies the draft's tokens in one
     multi-token forward (extend) and crops the rejected ones; the draft is a
     different model, so most are rejected and crop runs."""
-    model = make_model("llama").eval()
+    model = make_model("llama")
     draft = make_model("llama", seed=5)
+    for m in (model, draft):  # no end-of-sequence token: every step asked for runs
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
     draft.set_attn_implementation("sdpa")
     model.set_attn_implementation(hf.ATTENTION_NAME)
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))
@@ -160,10 +152,10 @@ def test_softcap_and_sliding_window_reach_the_kernels():
     ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(9))
     cuts = [0, 24, 50, 51, 52, 60]
     model.set_attn_implementation("eager")
-    ref = script(model, DynamicCache(config=model.config), ids, cuts)
+    ref = run_cuts(model, DynamicCache(config=model.config), ids, cuts)
     model.set_attn_implementation(hf.ATTENTION_NAME)
     cache = paged_cache(model, KVQuantConfig(preset="k4_v4", center_keys=False))
-    got = script(model, cache, ids, cuts)
+    got = run_cuts(model, cache, ids, cuts)
     assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
     # soft-capped: every step runs extend (the decode kernel has no soft-cap)
     assert cache.stats.gpu_extend_calls == 2 * 5 and cache.stats.gpu_decode_calls == 0

@@ -28,7 +28,7 @@ the CPU KVCache's per-sequence ones).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -40,6 +40,12 @@ from .hf_masks import ChunkLayout, layout_mask
 def _aligned(t: "torch.Tensor") -> "torch.Tensor":
     """The GPU kernels take 16-byte aligned rows: a view at an odd offset is copied."""
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _check_capacity(max_cache_len) -> None:
+    if not max_cache_len or max_cache_len < 1:
+        raise ValueError("TurboQuantCache on CUDA needs max_cache_len (prompt + new tokens, padded positions "
+                         "included): the device page pool is allocated once, at construction")
 
 
 def _rows(x: "torch.Tensor") -> "torch.Tensor":
@@ -58,9 +64,7 @@ class PagedRoute:
 
     def __init__(self, owner, max_cache_len: int, block_size: int, *, device: "torch.device",
                  make_layer: Callable[[int, int], object]):
-        if not max_cache_len or max_cache_len < 1:
-            raise ValueError("TurboQuantCache on CUDA needs max_cache_len (prompt + new tokens, padded positions "
-                             "included): the device page pool is allocated once, at construction")
+        _check_capacity(max_cache_len)
         self.owner = owner
         self.device = device
         self.block_size = block_size
@@ -84,9 +88,7 @@ class PagedRoute:
         combination, then allocates the device pools."""
         from .. import cuda as tqcuda
 
-        if not max_cache_len or max_cache_len < 1:
-            raise ValueError("TurboQuantCache on CUDA needs max_cache_len (prompt + new tokens, padded positions "
-                             "included): the device page pool is allocated once, at construction")
+        _check_capacity(max_cache_len)
         try:
             tqcuda.require()
         except tqcuda.CudaUnavailableError as e:
@@ -105,7 +107,7 @@ class PagedRoute:
                     f"{gqa}) is not supported by the CUDA backend: {why}")
         if softcap and owner.kv_config.center_keys:
             raise IntegrationError(_SOFTCAP_CENTERING)
-        if device.index is None:
+        if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         cfg = owner.kv_config
         # Host template: formats and codecs only (a pool of one page).
