@@ -394,6 +394,34 @@ TEST(KVPresetTest, LedgerEqualsAllocatedBytesForEveryPreset) {
   }
 }
 
+
+// A history grown token by token to 32K holds within 3% of its rows' bytes
+// plus the dense windows (buffer headroom is at most 1/64 plus a page).
+TEST(KVPresetTest, LedgerAt32KTokensIsTheRowsPlusWindowsWithin3Percent) {
+  const size_t H = 2, d = 128, n = 32768;
+  KVCacheConfig cfg{.shape = {1, H, d}, .max_sequences = 1, .preset = "k4_v4"};
+  auto cache = KVCache::Create(cfg);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  GaussianStream g(33);
+  std::vector<float> k(H * d), v(H * d);
+  for (size_t t = 0; t < n; ++t) {
+    for (size_t i = 0; i < k.size(); ++i) { k[i] = static_cast<float>(g.Next()); v[i] = static_cast<float>(g.Next()); }
+    ASSERT_TRUE(cache->Append(0, 0, k, v).ok()) << "token " << t;
+  }
+  const KVLedger led = cache->Ledger();
+  ASSERT_EQ(led.tokens, n * H);
+  const KVPolicy& pol = cfg.policy;
+  auto row = PresetBytesPerTokenHead(*GetKVPreset("k4_v4"), d);  // 132 B: key + value rows
+  ASSERT_TRUE(row.ok());
+  const size_t dense_tokens = pol.sink_tokens + led.recent / (H * d * 4);
+  const size_t rows = (n - dense_tokens) * H * *row;
+  const size_t windows = dense_tokens * H * d * 2 * 2;  // fp16 keys and values
+  EXPECT_EQ(led.payload + led.metadata, rows);
+  EXPECT_EQ(led.sinks + led.recent, windows);
+  const size_t held = led.total() - led.codec_state;
+  EXPECT_LE(static_cast<double>(held), 1.03 * static_cast<double>(rows + windows))
+      << "slack " << led.slack << " B, means " << led.means << " B, workspace " << led.workspace << " B";
+}
 TEST(KVPresetTest, AutoPolicyPicksTheBestThatFitsAndSaysWhy) {
   const ModelShape shape{32, 8, 128};
   // fp16 at 1 x 32768 tokens: 32 * 8 * 32768 * 512 B = 4 GiB.
