@@ -287,7 +287,7 @@ void CheckDecode(const Filled& f, size_t hq, const AttentionOptions& o, const st
     EXPECT_EQ(rep.values_skipped, 0u) << label;
     EXPECT_EQ(rep.values_accumulated, rep.scored) << label;
   }
-  EXPECT_FALSE(rep.kernel.empty()) << label;
+  EXPECT_FALSE(rep.simd_target.empty()) << label;
   if (report_out) *report_out = rep;
 }
 
@@ -422,13 +422,16 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
       ASSERT_TRUE(Fill(preset, 2, 128, PolicyOn(), {1, 45, 300}, 77, &f)) << preset;
       AttentionReport rep;
       CheckDecode(f, 8, {}, tname + " " + preset + " plain", &rep);
-      EXPECT_NE(rep.kernel.find(tname), std::string::npos)
-          << "report.kernel '" << rep.kernel << "' does not name the forced target " << tname;
+      EXPECT_EQ(rep.simd_target, tname) << "the report does not name the forced target";
+      EXPECT_EQ(rep.kernel_set == AttnKernelSet::kScalar, tname == "SCALAR") << AttnKernelName(rep);
+      EXPECT_EQ(rep.kernel_set == AttnKernelSet::kAvx2 || rep.kernel_set == AttnKernelSet::kAvx2AvxVnni,
+                tname == "AVX2")
+          << AttnKernelName(rep);
       // One-block TurboQuant-MSE keys and values take the integer kernels on
       // every target but scalar, and the report says so.
+      const bool int16 = rep.keys == AttnArithmetic::kInt16 && rep.values == AttnArithmetic::kInt16;
       if (preset == "k4_v4" || preset == "k3_v3" || preset == "k2_v2" || preset == "k4_v3") {
-        const bool int16 = rep.kernel.find(" int16 keys+values") != std::string::npos;
-        EXPECT_EQ(int16, tname != "SCALAR") << preset << ": report.kernel '" << rep.kernel << "'";
+        EXPECT_EQ(int16, tname != "SCALAR") << preset << ": " << AttnKernelName(rep);
       }
       // Group-integer keys and values (int8-sym, int-asym with groups of 32)
       // and the outlier-split recipes take the integer kernels on AVX3_DL
@@ -438,8 +441,7 @@ TEST(AttentionTargets, CoreCasesOnEveryTarget) {
       if ((preset == "k8_v4" || preset == "q8" || preset == "kivi4" || preset == "turboquant35" ||
            preset == "turboquant25") &&
           ((tname == "AVX3_DL" && __builtin_cpu_supports("avx512vnni")) || tname == "AVX2")) {
-        EXPECT_NE(rep.kernel.find(" int16 keys+values"), std::string::npos)
-            << preset << ": report.kernel '" << rep.kernel << "'";
+        EXPECT_TRUE(int16) << preset << ": " << AttnKernelName(rep);
       }
 #endif
       CheckDecode(f, 8, {.softcap = 8.0f, .window = 37, .threads = 2, .split_tokens = 13},

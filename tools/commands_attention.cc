@@ -362,7 +362,7 @@ std::vector<BenchRow> BenchContext(const BenchArgs& a, const std::vector<std::st
     TimePair(a.warmup, a.reps, a.order == "blocks", run_dense, run_tq, &r.dense, &r.tq);
     r.preset = presets[pi];
     r.mode = a.mode;
-    r.kernel = copy ? "dense fp16 kernel on a copy (control)" : rep.kernel;
+    r.kernel = copy ? "dense fp16 kernel on a copy (control)" : AttnKernelName(rep);
     r.context = C;
     r.batch = B;
     r.kv_bytes_dense = kv_bytes_dense;

@@ -53,15 +53,44 @@ struct AttentionOptions {
   size_t split_tokens = 0;
 };
 
+// The kernel set of the SIMD target an attention call ran on. The x86
+// targets with fixed-shape integer kernels of their own are named; every
+// other target (SSE4, AVX3, NEON, SVE, ...) runs Highway's portable kernels.
+enum class AttnKernelSet : uint8_t {
+  kScalar = 0,       // Highway's SCALAR target: fp32 kernels, no SIMD
+  kPortable = 1,     // Highway's portable SIMD kernels, fp32 and int16
+  kAvx2 = 2,         // AVX2: the portable kernels and fixed-shape int16 kernels at head_dim 128
+                     // (intrinsics and asm)
+  kAvx2AvxVnni = 3,  // the same on a CPU with AVX-VNNI (their VEX vpdpwssd forms)
+  kAvx512Vnni = 4,   // AVX3_DL with AVX-512 VNNI: the portable kernels and fixed-shape AVX-512 kernels
+};
+// "scalar", "portable", "AVX2", "AVX2+AVX-VNNI", "AVX-512 VNNI".
+const char* AttnKernelSetName(AttnKernelSet set);
+
+// The arithmetic of a call's key scores or value sums.
+enum class AttnArithmetic : uint8_t {
+  kFloat = 0,  // fp32 throughout
+  kInt16 = 1,  // the integer kernels (int16 products, int32 sums) ran for some rows or all
+};
+// "fp32", "int16".
+const char* AttnArithmeticName(AttnArithmetic arithmetic);
+
 struct AttentionReport {
   size_t scored = 0;            // (query head, key token) logits computed
   size_t values_accumulated = 0;  // (query head, token) value accumulations
   size_t values_skipped = 0;    // (query head, token) skipped by sparse_v_threshold
   size_t workspace_bytes = 0;   // largest workspace held at once (all threads)
-  std::string kernel;           // the SIMD target that ran, plus " int16 keys+values"
-                                // (or " int16 keys" / " int16 values") where the
-                                // integer kernels did, e.g. "AVX3_DL int16 keys+values"
+  // The kernels that ran: the SIMD target (a name of tq::SimdTargets(),
+  // e.g. "AVX3_DL"), its kernel set, and the keys' and values' arithmetic.
+  std::string simd_target;
+  AttnKernelSet kernel_set = AttnKernelSet::kPortable;
+  AttnArithmetic keys = AttnArithmetic::kFloat;
+  AttnArithmetic values = AttnArithmetic::kFloat;
 };
+// The report's kernels in one line: the target ("+AVX-VNNI" added for
+// kAvx2AvxVnni), then " int16 keys+values" (or " int16 keys" / " int16
+// values") where the integer kernels ran, e.g. "AVX3_DL int16 keys+values".
+std::string AttnKernelName(const AttentionReport& report);
 
 // ---------------------------------------------------------------------------
 // Compressed decode over KVCache views: one query per sequence.

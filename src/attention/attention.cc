@@ -8,7 +8,7 @@
 //
 // This file is also the kernels' Highway dispatch unit: Highway compiles
 // cpu/attention-inl.h (and its parts) once per SIMD target here, and
-// cpu::AttnRun / cpu::AttnKernelName (cpu/dispatch.h) pick the target's
+// cpu::AttnRun / cpu::AttnKernels (cpu/dispatch.h) pick the target's
 // instance at run time. The targets are the codec's (cpu/codec.cc), AVX3_DL
 // included: the integer kernels use vpdpwssd there. The kernels call three
 // of the codec's per-target kernels (UnpackIndices, SignDot,
@@ -494,11 +494,11 @@ Status Run(const Problem& pb, const AttentionOptions& opt, AttentionReport* repo
         total_rows * (2 * d * sizeof(float) + sizeof(Row) + sizeof(RowPrep) + prep_stride * sizeof(float) +
                       768 * ((d + 63) / 64) + 2 * sizeof(float)) +
         std::min(threads, items.size()) * (kMaxRowsPerItem * 64 + 2 * 64 * d) * sizeof(float);
-    // The SIMD target, plus "int16 keys/values" where the integer kernels ran.
-    report->kernel = cpu::AttnKernelName();
-    if (int_keys || int_values) {
-      report->kernel += int_keys && int_values ? " int16 keys+values" : int_keys ? " int16 keys" : " int16 values";
-    }
+    const cpu::AttnKernelInfo kernels = cpu::AttnKernels();
+    report->simd_target = kernels.target;
+    report->kernel_set = kernels.set;
+    report->keys = int_keys ? AttnArithmetic::kInt16 : AttnArithmetic::kFloat;
+    report->values = int_values ? AttnArithmetic::kInt16 : AttnArithmetic::kFloat;
   }
   // Bounded retention: a call larger than this (a long prefill chunk) gives
   // its buffers back rather than holding them for the thread's lifetime.
@@ -641,6 +641,29 @@ Status BuildKVHeads(const KVLayerView& view, size_t b, std::vector<std::unique_p
 Fmt DenseFmtOf(Half16 h) { return h == Half16::kF16 ? Fmt::kF16 : Fmt::kBF16; }
 
 }  // namespace
+
+const char* AttnKernelSetName(AttnKernelSet set) {
+  switch (set) {
+    case AttnKernelSet::kScalar: return "scalar";
+    case AttnKernelSet::kPortable: return "portable";
+    case AttnKernelSet::kAvx2: return "AVX2";
+    case AttnKernelSet::kAvx2AvxVnni: return "AVX2+AVX-VNNI";
+    case AttnKernelSet::kAvx512Vnni: return "AVX-512 VNNI";
+  }
+  return "unknown";
+}
+
+const char* AttnArithmeticName(AttnArithmetic arithmetic) {
+  return arithmetic == AttnArithmetic::kInt16 ? "int16" : "fp32";
+}
+
+std::string AttnKernelName(const AttentionReport& report) {
+  std::string name = report.simd_target;
+  if (report.kernel_set == AttnKernelSet::kAvx2AvxVnni) name += "+AVX-VNNI";
+  const bool keys = report.keys == AttnArithmetic::kInt16, values = report.values == AttnArithmetic::kInt16;
+  if (keys || values) name += keys && values ? " int16 keys+values" : keys ? " int16 keys" : " int16 values";
+  return name;
+}
 
 Status DecodeAttention(std::span<const KVLayerView> views, size_t num_q_heads,
                        std::span<const float> q, std::span<float> out,
@@ -879,11 +902,11 @@ Status DensePrefillAttention(const DenseKVView& kv, size_t num_q_heads, size_t q
 namespace tq::cpu {
 
 HWY_EXPORT(AttnRunImpl);
-HWY_EXPORT(AttnKernelNameImpl);
+HWY_EXPORT(AttnKernelInfoImpl);
 
 void AttnRun(const attn::Task& task) { HWY_DYNAMIC_DISPATCH(AttnRunImpl)(task); }
 
-const char* AttnKernelName() { return HWY_DYNAMIC_DISPATCH(AttnKernelNameImpl)(); }
+AttnKernelInfo AttnKernels() { return HWY_DYNAMIC_DISPATCH(AttnKernelInfoImpl)(); }
 
 }  // namespace tq::cpu
 

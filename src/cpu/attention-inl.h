@@ -22,17 +22,26 @@
 // reference to NMSE ~1e-7 (integer kernels) or float rounding (the rest);
 // they are not bit-pinned like the codec bytes.
 //
+// A call picks its kernels once (PickKernels, attention_tile-inl.h): the
+// portable ones for its formats, then the target's own (the x86 files'
+// TargetKernels) where they apply; the tile loop calls through that table.
+//
 // The kernels live in parts, one concern each, included here in order (each
 // part includes the one before it):
-//   attention_shared-inl.h        types, tables, scratch, row decoders
-//   attention_float-inl.h         fp32 key and value kernels (every target)
-//   attention_int16-inl.h         integer kernels: codebooks, queries, ScoreMse16
-//   attention_avx512-inl.h        AVX3_DL fixed-shape kernels (ScoreI16Fixed, ScoreTok)
-//   attention_avx512_groups-inl.h AVX3_DL group-scaled and split kernels
-//   attention_avx2-inl.h          AVX2 fixed-shape kernels (intrinsics and asm)
-//   attention_int16_values-inl.h  the integer value kernel AccumMse16
-//   attention_tile-inl.h          the kernel for a segment (ScoreGroup, AccumGroup)
-//                                 and the tile loop (AttnRunImpl)
+//   attention_shared-inl.h         types, tables, scratch, row decoders
+//   attention_kernel_table-inl.h   the per-call kernel table: entry signatures,
+//                                  adapters, the per-target hook TargetKernels
+//   attention_float-inl.h          fp32 key and value kernels (every target)
+//   attention_int16-inl.h          integer kernels: codebooks, queries, ScoreMse16
+//   attention_split16-inl.h        split rows' int16 layouts (AVX3_DL and AVX2)
+//   attention_avx512_groups-inl.h  AVX3_DL: shared reductions, group-scaled and split kernels
+//   attention_avx512-inl.h         AVX3_DL: fixed-shape kernels (ScoreI16Fixed, ScoreTok)
+//                                  and the AVX3_DL kernel table
+//   attention_avx2-inl.h           AVX2: fixed-shape kernels (intrinsics and asm)
+//                                  and the AVX2 kernel table
+//   attention_int16_values-inl.h   the integer value kernel AccumMse16
+//   attention_tile-inl.h           the call's kernels (PickKernels) and the
+//                                  tile loop (AttnRunImpl)
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -43,10 +52,12 @@
 #endif
 
 #include "cpu/attention_shared-inl.h"
+#include "cpu/attention_kernel_table-inl.h"
 #include "cpu/attention_float-inl.h"
 #include "cpu/attention_int16-inl.h"
-#include "cpu/attention_avx512-inl.h"
+#include "cpu/attention_split16-inl.h"
 #include "cpu/attention_avx512_groups-inl.h"
+#include "cpu/attention_avx512-inl.h"
 #include "cpu/attention_avx2-inl.h"
 #include "cpu/attention_int16_values-inl.h"
 #include "cpu/attention_tile-inl.h"

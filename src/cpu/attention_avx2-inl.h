@@ -1,8 +1,10 @@
-// AVX2 fixed-shape integer kernels at head_dim 128, in AVX2 intrinsics and
-// asm: int-asym values (AccumAsymAvx2), MSE and prod keys (ScoreI16Avx2),
-// group-scaled keys (ScoreGKeysAvx2), split keys and values (ScoreSplitAvx2,
-// AccumSplitAvx2), and the MSE values' inner passes (AccumI16Avx2Inner).
-// Each has an AVX-VNNI form (VX) chosen at run time.
+// The AVX2 kernels: fixed-shape integer kernels at head_dim 128 in AVX2
+// intrinsics and asm (int-asym values, AccumAsymAvx2; MSE and prod keys,
+// ScoreI16Avx2; group-scaled keys, ScoreGKeysAvx2; split keys and values,
+// ScoreSplitAvx2, AccumSplitAvx2; the MSE values' inner passes,
+// AccumI16Avx2Inner), each with an AVX-VNNI form (VX) it enters where the
+// CPU has one, and the AVX2 kernel table (TargetKernels<HWY_AVX2>), which
+// picks them where they apply.
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_AVX2_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -12,13 +14,85 @@
 #define TQ_SRC_CPU_ATTENTION_AVX2_INL_H_
 #endif
 
-#include "cpu/attention_avx512_groups-inl.h"
+#include "cpu/attention_avx512-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq::cpu::HWY_NAMESPACE {
 namespace attnk {
 
 #if HWY_TARGET == HWY_AVX2
+// AVX2 tables of a chunk of 32 bits-bit codes (IdxChunkAvx2, IdxAvx2):
+// perm[32 v + 2 lane + {0, 1}], the two window bytes holding the code of
+// int16 lane `lane` of vector v (v 0: coordinates 0..7 and 16..23, v 1:
+// 8..15 and 24..31), `shift` added where the chunk's window starts that
+// many bytes early, and 0x80 (a zero byte) for a second byte at or past
+// `limit` (the multiply shifts it out anyway); mul[16 v + lane] = 2^(16 -
+// bits - o), o the code's bit offset in its first byte.
+inline void Avx2ChunkShuffles(size_t bits, size_t shift, size_t limit, uint8_t* perm, int16_t* mul) {
+  for (size_t v = 0; v < 2; ++v) {
+    for (size_t blk = 0; blk < 2; ++blk) {
+      for (size_t i = 0; i < 8; ++i) {
+        const size_t k = 16 * blk + 8 * v + i, bit = bits * k, lane = 8 * blk + i;
+        const size_t b0 = bit / 8, b1 = b0 + 1;
+        perm[32 * v + 2 * lane] = static_cast<uint8_t>(b0 + shift);
+        perm[32 * v + 2 * lane + 1] = b1 < limit ? static_cast<uint8_t>(b1 + shift) : uint8_t{0x80};
+        mul[16 * v + lane] = static_cast<int16_t>(1 << (16 - bits - bit % 8));
+      }
+    }
+  }
+}
+
+// acc += pairwise int16 products of k and the 16 int16 at q (or of k and
+// w), summed into int32 lanes. Written as asm statements: with the
+// intrinsics GCC 12 computed a token's products ahead of their adds and
+// kept them on the stack.
+// VX: AVX-VNNI (VEX-encoded vpdpwssd, Intel cores since Alder Lake and
+// Sapphire Rapids, AMD since Zen 5): one instruction for both.
+template <bool VX = false>
+HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
+  if constexpr (VX) {
+    asm("%{vex%} vpdpwssd %1, %2, %0" : "+x"(acc) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+    return acc;
+  }
+  __m256i t;
+  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0"
+      : "+x"(acc), "=&x"(t)
+      : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+  return acc;
+}
+// The pairwise products alone (a token's first multiply-add).
+HWY_INLINE __m256i MulAvx2(__m256i k, const int16_t* q) {
+  __m256i t;
+  asm("vpmaddwd %1, %2, %0" : "=x"(t) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
+  return t;
+}
+template <bool VX = false>
+HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
+  if constexpr (VX) {
+    asm("%{vex%} vpdpwssd %1, %2, %0" : "+x"(acc) : "x"(w), "x"(k));
+    return acc;
+  }
+  __m256i t;
+  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
+  return acc;
+}
+// The lane mask of 16 QJL sign bits at p (little-endian word): lane L is
+// all ones where bit L is set.
+HWY_INLINE __m256i SignMaskAvx2(const uint8_t* p) {
+  uint16_t w;
+  std::memcpy(&w, p, 2);
+  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(0x8000));
+  return _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(static_cast<short>(w)), sel), sel);
+}
+// The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
+// (each kernel re-enters itself with VX = true); the AVX2 target runs only
+// where the OS saves YMM state.
+inline bool CpuHasAvxVnni() {
+  static const bool has = HostCpu().avx_vnni;
+  return has;
+}
+
 // Int-asym 8-, 4- and 2-bit values in groups of 32 at head_dim 128 on AVX2
 // (q8, the k*_v8 presets, kivi4, kivi2), AccumAsymG32's sums with 16
 // coordinates a pass: the two tokens' code bytes interleaved and
@@ -166,9 +240,7 @@ HWY_NOINLINE void AccumAsymAvx2(const attn::Seg& s, size_t a, size_t b, attn::Ro
     }
   }
 }
-#endif  // HWY_TARGET == HWY_AVX2
 
-#if HWY_TARGET == HWY_AVX2
 // ---------------------------------------------------------------------------
 // Fixed-shape integer kernels for AVX2 at head_dim 128: one-block
 // TurboQuant-MSE keys (and the MSE part of prod keys) of 2..4 bits, and
@@ -901,6 +973,112 @@ HWY_INLINE void AccumI16Avx2Inner(const I16Book& z, const uint8_t* const* rows, 
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// The AVX2 kernel table.
+
+// Int-asym values in groups of 32 (rows without meta: the fp32 kernel).
+template <int BITS, size_t NR>
+void ValuesAsymAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                    float* const* w, AScratch& scr) {
+  if (s.vm == nullptr) return AccumDecodedT<Fmt::kIntAsym, NR>(vctx.info, s, a, b, vctx.task->d, rs, w, scr);
+  AccumAsymAvx2<BITS, NR>(s, a, b, rs, w);
+}
+
+template <>
+struct TargetKernels<HWY_AVX2> {
+  static AttnKernelSet Set() { return CpuHasAvxVnni() ? AttnKernelSet::kAvx2AvxVnni : AttnKernelSet::kAvx2; }
+
+  // 2- and 3-bit rows in registers (IdxChunkAvx2): chunk c = 32 coordinates,
+  // 4 bits bytes at 4 bits c, broadcast to both 128-bit blocks. Vector A
+  // holds coordinates 0..7 (low block) and 16..23 (high block) in int16
+  // lanes, vector B 8..15 and 24..31: lane of coordinate k = the two bytes
+  // from floor(bits k / 8), times 2^(16 - bits - o) (o = bits k mod 8) puts
+  // the code in the top bits, a shift by 16 - bits leaves it; packus of A
+  // and B gives the 32 index bytes in coordinate order.
+  static void InitBook(I16Book* z) {
+    if (z->nib) return;
+    z->inreg = true;
+    int16_t mul[32];
+    Avx2ChunkShuffles(static_cast<size_t>(z->bits), 0, SIZE_MAX, z->perm, mul);
+    std::memcpy(z->ctrl, mul, sizeof(mul));
+    z->extent = z->nbytes;  // the last chunk is read by a masked load
+  }
+
+  // The split rows' and the group-scaled keys' layouts and int16 queries.
+  static bool Prepare(const attn::Task& task, KeyCtx* kctx, KeyCtx* vctx, AScratch& scr) {
+    const size_t d = task.d;
+    if (BuildSplitKeysAvx2(task.kc, d, &kctx->sk)) PrepareSplitKeys(task, *task.kc, &kctx->sk, scr);
+    BuildSplitValsAvx2(task.vc, d, &vctx->sv);
+    kctx->gk = MakeGKeysAvx2(task.kc, d);
+    if (kctx->gk.on) {
+      const int kind = kctx->gk.kind;
+      PrepareGroupQ16(task, kctx->gk.qmax, kctx->gk.nv, kN16,
+                      [kind](size_t v, size_t i) { return GKeyCoordAvx2(kind, v, i); }, scr);
+    }
+    return true;
+  }
+
+  template <size_t NR>
+  static void Pick(const KeyCtx& kctx, const KeyCtx& vctx, RowKernels* k) {
+    const size_t d = kctx.task->d;
+    if (const attn::Comp* kc = kctx.kc) {
+      // One-block MSE keys, and prod keys' MSE part with their QJL signs in
+      // the same pass (one segment at a time).
+      const I16Book& z = kctx.i16;
+      if (z.on && d == 128 && !z.asym && (z.nib || z.inreg)) {
+        if (kc->fmt == Fmt::kMse) {
+          switch (z.bits) {
+            case 2: k->key_parts = &ScoreI16Avx2<2, NR>; break;
+            case 3: k->key_parts = &ScoreI16Avx2<3, NR>; break;
+            case 4: k->key_parts = &ScoreI16Avx2<4, NR>; break;
+            default: break;
+          }
+        } else if (kc->fmt == Fmt::kProd && z.qjl % 16 == 0) {
+          switch (z.bits) {
+            case 2: k->keys = &KeysOnePart<NR, &ScoreI16Avx2<2, NR, true>>; break;
+            case 3: k->keys = &KeysOnePart<NR, &ScoreI16Avx2<3, NR, true>>; break;
+            default: break;
+          }
+        }
+      }
+      // The recipes' split shape at head_dim 128 (3 + 1 MSE pieces, 3 + 1 QJL pieces).
+      const SplitKeys& sk = kctx.sk;
+      if (sk.on && sk.np == 4 && sk.nq0 == 3 && sk.nq == 4) {
+        k->keys = &KeysWithOffsets<NR, &ScoreSplitAvx2<4, 3, 4, NR>>;
+      }
+      switch (kctx.gk.on ? kctx.gk.kind : -1) {
+        case 0: k->keys = &KeysWithOffsets<NR, &ScoreGKeysAvx2<0, NR>>; break;
+        case 1: k->keys = &KeysWithOffsets<NR, &ScoreGKeysAvx2<1, NR>>; break;
+        case 2: k->keys = &KeysWithOffsets<NR, &ScoreGKeysAvx2<2, NR>>; break;
+        default: break;
+      }
+    }
+    if (const attn::Comp* vc = vctx.kc) {
+      const I16Book& z = vctx.i16;
+      if (z.on) {
+        switch (d == 128 && (z.nib || z.inreg) ? z.bits : 0) {
+          case 2: k->value_parts = &AccumMse16<NR, false, 2, 4>; break;
+          case 3: k->value_parts = &AccumMse16<NR, false, 3, 4>; break;
+          case 4: k->value_parts = &AccumMse16<NR, false, 4, 2>; break;
+          default: break;
+        }
+      } else if (vc->fmt == Fmt::kIntAsym && vc->group_size == 32 && d == 128 && vc->meta_bytes == 16) {
+        if (vc->bits == 8 && vc->payload_bytes == 128) k->values = &ValuesAsymAvx2<8, NR>;
+        if (vc->bits == 4 && vc->payload_bytes == 64) k->values = &ValuesAsymAvx2<4, NR>;
+        if (vc->bits == 2 && vc->payload_bytes == 32) k->values = &ValuesAsymAvx2<2, NR>;
+      } else if (vc->fmt == Fmt::kSplit && vctx.sv.on) {
+        k->values = &ValuesWithoutScratch<&AccumSplitAvx2<NR>>;
+      }
+    }
+  }
+
+  template <size_t NR, int FB, size_t FN>
+  static HWY_INLINE void FixedValuePasses(const I16Book& z, const uint8_t* const* rows, size_t npairs,
+                                          const int16_t* const* wps, const float* fac, float* const* priv) {
+    AccumI16Avx2Inner<NR, FB>(z, rows, npairs, wps, fac, priv);
+  }
+};
 #endif  // HWY_TARGET == HWY_AVX2
 
 }  // namespace attnk

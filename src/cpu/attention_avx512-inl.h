@@ -1,6 +1,9 @@
-// AVX3_DL fixed-shape integer kernels (AVX-512 VNNI): keys by ScoreI16Fixed
-// and, for 2/3-bit keys at head_dim 128, ScoreTok (tokens in lanes); the
-// values' inner passes AccumI16FixedInner (AccumMse16 calls them).
+// AVX3_DL kernels with AVX-512 VNNI, part 2: the fixed-shape integer
+// kernels, keys by ScoreI16Fixed and, for 2/3-bit keys at head_dim 128,
+// ScoreTok (tokens in lanes), the values' inner passes AccumI16FixedInner
+// (AccumMse16 runs them), and the AVX3_DL kernel table
+// (TargetKernels<HWY_AVX3_DL>), which picks these and part 1's kernels
+// (attention_avx512_groups-inl.h) where they apply.
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_AVX512_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -10,7 +13,7 @@
 #define TQ_SRC_CPU_ATTENTION_AVX512_INL_H_
 #endif
 
-#include "cpu/attention_int16-inl.h"
+#include "cpu/attention_avx512_groups-inl.h"
 
 // HWY_BEFORE_NAMESPACE, with AVX-512 VNNI on AVX3_DL (attention_shared-inl.h).
 TQ_ATTN_BEFORE_VNNI_NAMESPACE();
@@ -36,26 +39,6 @@ struct FixedShape {
   static constexpr size_t kLB = kNib ? 64 : kCPL * kCB;      // bytes a load
 };
 
-// acc += pairwise int16 products of x and y (vpdpwssd). Written as an asm
-// statement: with the intrinsic, GCC 12 copies accumulators between
-// registers and the stack on every iteration of the value loop.
-HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i x, __m512i y) {
-  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
-  return acc;
-}
-
-// acc[r] += k[i] . q[r] + off + 32 i (pairwise int16 products) for every
-// row r < NR and vector i < NK: the key kernels' products of a token's
-// expanded codes with the rows' int16 queries.
-template <size_t NR, size_t NK>
-HWY_INLINE void DotRows(__m512i* acc, const __m512i (&k)[NK], const int16_t* const* q, size_t off) {
-  HWY_UNROLL(4)
-  for (size_t r = 0; r < NR; ++r) {
-    HWY_UNROLL(4)
-    for (size_t i = 0; i < NK; ++i) acc[r] = Dpwssd(acc[r], k[i], _mm512_loadu_si512(q[r] + off + 32 * i));
-  }
-}
-
 // Masks of the NL loads of a row of nbytes code bytes.
 template <int BITS, size_t NL>
 HWY_INLINE void FixedMasks(size_t nbytes, __mmask64* m) {
@@ -74,106 +57,6 @@ HWY_INLINE void Cent16Fixed(__m512i tlo, __m512i thi, __m512i ix, __m512i* c0, _
   const __m512i hi = _mm512_permutexvar_epi8(ix, thi);
   *c0 = _mm512_unpacklo_epi8(lo, hi);
   *c1 = _mm512_unpackhi_epi8(lo, hi);
-}
-
-// The 16 scores of query rows 0..NR-1 against tokens t0 .. t0 + 15 from
-// token(t, acc), which gives token t's NR int32 partial-sum vectors; out[r]
-// lane j is token t0 + j (tokens at or past nt read the last one again and
-// their lanes are dropped by the caller). Two lanes of a token are added in
-// int32 (the callers bound 4 nvec products), the rest in float. With 3 or 4
-// rows a token's row vectors are folded into one first (lane 4 j + i: row
-// i's sum over block j), then four tokens into one (block j = token j),
-// and four of those give the rows' 16 scores: no more than a few vectors
-// stay live (reducing each row's 16 tokens separately held 16 partial sums
-// at once and spilled). With 1 or 2 rows each row is reduced on its own.
-template <size_t NR, class Token>
-HWY_INLINE void Sum16(const Token& token, size_t t0, size_t nt, __m512* out) {
-  auto tok = [&](size_t i) { return t0 + (nt >= 16 ? i : std::min(i, nt - 1)); };
-  if constexpr (NR >= 3) {
-    auto rows = [&](size_t t) __attribute__((always_inline)) {
-      __m512i x[4];
-      token(t, x);
-      if constexpr (NR == 3) x[3] = _mm512_setzero_si512();
-      const __m512d u01 = _mm512_castps_pd(_mm512_cvtepi32_ps(
-          _mm512_add_epi32(_mm512_unpacklo_epi32(x[0], x[1]), _mm512_unpackhi_epi32(x[0], x[1]))));
-      const __m512d u23 = _mm512_castps_pd(_mm512_cvtepi32_ps(
-          _mm512_add_epi32(_mm512_unpacklo_epi32(x[2], x[3]), _mm512_unpackhi_epi32(x[2], x[3]))));
-      return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u01, u23)),
-                           _mm512_castpd_ps(_mm512_unpackhi_pd(u01, u23)));
-    };
-    auto fold = [](__m512 p, __m512 q) __attribute__((always_inline)) {
-      return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD));
-    };
-    auto four = [&](size_t k) __attribute__((always_inline)) {
-      const __m512 x01 = fold(rows(tok(4 * k)), rows(tok(4 * k + 1)));
-      const __m512 x23 = fold(rows(tok(4 * k + 2)), rows(tok(4 * k + 3)));
-      return fold(x01, x23);
-    };
-    const __m512 y0 = four(0), y1 = four(1), y2 = four(2), y3 = four(3);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      // Token m of a pair of fours: lane 4 (m % 4) + r of y_(m / 4).
-      const __m512i idx = _mm512_add_epi32(
-          _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
-          _mm512_set1_epi32(static_cast<int>(r)));
-      out[r] = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(y0, idx, y1), _mm512_permutex2var_ps(y2, idx, y3),
-                                    0x44);
-    }
-  } else {
-    auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
-      __m512i x0[NR], x1[NR];
-      token(ta, x0);
-      token(tb, x1);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) {
-        pr[r] = _mm512_cvtepi32_ps(
-            _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
-      }
-    };
-    // In-block sums of four tokens.
-    auto quad4 = [&](size_t k, __m512* qd) __attribute__((always_inline)) {
-      __m512 p0[NR], p1[NR];
-      pair(tok(4 * k), tok(4 * k + 1), p0);
-      pair(tok(4 * k + 2), tok(4 * k + 3), p1);
-      HWY_UNROLL(4)
-      for (size_t r = 0; r < NR; ++r) {
-        const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
-        qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
-                              _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
-      }
-    };
-    __m512 quad[4][NR];
-    for (size_t k = 0; k < 4; ++k) quad4(k, quad[k]);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
-                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
-      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
-                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
-      out[r] = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
-    }
-  }
-}
-
-// Scores of a tile's n tokens from token(t, acc) (t relative to the tile),
-// 16 at a time: lg[r][t] = sum * fac[t] * qi[r] + koff[r] + extra(r, t0)
-// lane t - t0 (extra: the caller's additive terms for 16 tokens; fac padded
-// to a multiple of 16).
-template <size_t NR, class Token, class Extra>
-HWY_INLINE void StoreScores16(const Token& token, size_t n, const float* fac, const float* qi,
-                              const float* koff, float* const* lg, const Extra& extra) {
-  for (size_t t0 = 0; t0 < n; t0 += 16) {
-    const size_t nt = std::min<size_t>(16, n - t0);
-    __m512 tot[NR];
-    Sum16<NR>(token, t0, nt, tot);
-    const __m512 fv = _mm512_load_ps(fac + t0);
-    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
-    HWY_UNROLL(4)
-    for (size_t r = 0; r < NR; ++r) {
-      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
-      _mm512_mask_storeu_ps(lg[r] + t0, om, _mm512_add_ps(l, extra(r, t0)));
-    }
-  }
 }
 
 // Key scores of NR rows against tokens [a, b), 16 tokens at a time: each
@@ -583,9 +466,7 @@ HWY_NOINLINE void ScoreTok(const KeyCtx& ctx, const SegPart* sp, size_t nsp, att
     off += b - a;
   }
 }
-#endif  // HWY_TARGET == HWY_AVX3_DL
 
-#if HWY_TARGET == HWY_AVX3_DL
 // AccumMse16's passes with the code width and chunk count fixed: pass =
 // chunk (2, 3 bits) or 2 load + byte half (4 bits), as in the generic loop.
 template <size_t NR, int BITS, size_t NCH>
@@ -658,7 +539,148 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
 #undef TQ_VFLUSH1
   }
 }
-#endif
+
+// ---------------------------------------------------------------------------
+// The AVX3_DL kernel table.
+
+// The fixed-shape kernels' shapes: (code bits, chunks).
+#define TQ_FIXED_SHAPES(X) X(2, 1) X(2, 2) X(2, 4) X(3, 1) X(3, 2) X(3, 4) X(4, 1) X(4, 2)
+
+// Prod keys: the fixed-shape kernel K for the (b-1)-bit MSE part, then the
+// QJL signs (AddQjl16).
+template <size_t NR, KeyPartsFn K>
+void KeysThenQjl16(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                   float* const* lg, AScratch& scr) {
+  KeysOnePart<NR, K>(ctx, s, a, b, rs, lg, scr);
+  AddQjl16<NR, true>(ctx, s, a, b, rs, lg, scr);
+}
+// Int-asym values in groups of 32 (rows without meta: the fp32 kernel).
+template <int BITS, size_t NR>
+void ValuesAsymG32(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                   float* const* w, AScratch& scr) {
+  if (s.vm == nullptr) return AccumDecodedT<Fmt::kIntAsym, NR>(vctx.info, s, a, b, vctx.task->d, rs, w, scr);
+  AccumAsymG32<BITS, NR>(s, a, b, vctx.task->d, rs, w);
+}
+
+template <>
+struct TargetKernels<HWY_AVX3_DL> {
+  static AttnKernelSet Set() { return CpuHasVnni() ? AttnKernelSet::kAvx512Vnni : AttnKernelSet::kPortable; }
+
+  // 2- and 3-bit rows in registers (IdxChunkVbmi): chunk c is 8 groups of 8
+  // coordinates, group g the bits bytes at 8 bits c + bits g. The
+  // fixed-shape kernels' tables: lo/hi repeated every 2^bits entries over
+  // 64 bytes, t16 the int16 centroids so repeated.
+  static void InitBook(I16Book* z) {
+    const size_t bb = static_cast<size_t>(z->bits), n = size_t{1} << bb;
+    if (!z->nib) {
+      z->inreg = true;
+      for (size_t i = 0; i < 64; ++i) {
+        z->perm[i] = static_cast<uint8_t>(std::min<size_t>(bb * (i / 8) + i % 8, 63));
+        z->ctrl[i] = static_cast<uint8_t>(bb * (i % 8));
+      }
+      z->extent = 8 * bb * (z->nch - 1) + 64;
+    }
+    for (size_t i = 0; i < 64; ++i) {
+      z->lo64[i] = z->lo[i % n];
+      z->hi64[i] = z->hi[i % n];
+    }
+    for (size_t i = 0; i < 32; ++i) z->t16[i] = static_cast<int16_t>(z->lo64[i] | (z->hi64[i] << 8));
+    z->vnni = HostCpu().avx512_vnni;
+  }
+
+  // ScoreTok's query pairs (its keys read no ScoreMse16 lanes), the
+  // group-scaled keys' and the split rows' layouts and int16 queries.
+  static bool Prepare(const attn::Task& task, KeyCtx* kctx, KeyCtx* vctx, AScratch& scr) {
+    const size_t d = task.d;
+    const bool tok = TokOk(kctx->i16, d);
+    if (tok) PrepareQTok(task, kctx->i16, scr);
+    kctx->gk = MakeGKeys(task.kc, d);
+    if (kctx->gk.on) PrepareGKeys(task, kctx->gk, scr);
+    if (BuildSplitKeys(task.kc, d, &kctx->sk)) PrepareSplitKeys(task, *task.kc, &kctx->sk, scr);
+    BuildSplitVals(task.vc, d, &vctx->sv);
+    return !tok;
+  }
+
+  // Calls use(Kernel<KeyPartsFn, K>) with K the fixed-shape MSE key kernel
+  // of the book (2/3-bit rows at head_dim 128: ScoreTok), where one applies.
+  template <size_t NR, class Use>
+  static void WithFixedKeys(const I16Book& z, size_t d, const Use& use) {
+    if (!z.vnni || !(z.nib || z.inreg)) return;
+    if (TokOk(z, d)) {
+      if (z.bits == 2) return use(Kernel<KeyPartsFn, &ScoreTok<2, NR>>());
+      return use(Kernel<KeyPartsFn, &ScoreTok<3, NR>>());
+    }
+    switch (z.bits * 16 + static_cast<int>(z.nch)) {
+#define TQ_FIXED_CASE(B, N) \
+  case B * 16 + N: return use(Kernel<KeyPartsFn, &ScoreI16Fixed<B, N, NR>>());
+      TQ_FIXED_SHAPES(TQ_FIXED_CASE)
+#undef TQ_FIXED_CASE
+      default: return;
+    }
+  }
+
+  template <size_t NR>
+  static void Pick(const KeyCtx& kctx, const KeyCtx& vctx, RowKernels* k) {
+    const size_t d = kctx.task->d;
+    if (const attn::Comp* kc = kctx.kc) {
+      if (kctx.i16.on && kc->fmt == Fmt::kMse) {
+        WithFixedKeys<NR>(kctx.i16, d, [&](auto kern) { k->key_parts = decltype(kern)::value; });
+      } else if (kctx.i16.on && kc->fmt == Fmt::kProd) {
+        WithFixedKeys<NR>(kctx.i16, d, [&](auto kern) { k->keys = &KeysThenQjl16<NR, decltype(kern)::value>; });
+      }
+      // The recipes' split shapes at head_dim 128 and 256 (regular group 3/4
+      // of the channels: 3 or 6 QJL pieces, the outlier group 1 or 2).
+      const SplitKeys& sk = kctx.sk;
+      if (sk.on && sk.ne == 2 && sk.nq0 == 3 && sk.nq == 4 && sk.nl == 1) {
+        k->keys = &KeysWithOffsets<NR, &ScoreSplit16<2, 3, 1, 1, NR>>;
+      } else if (sk.on && sk.ne == 4 && sk.nq0 == 6 && sk.nq == 8 && sk.nl == 2) {
+        k->keys = &KeysWithOffsets<NR, &ScoreSplit16<4, 6, 2, 2, NR>>;
+      }
+      const GKeys& g = kctx.gk;
+      switch (g.on ? g.kind * 8 + static_cast<int>(g.nl) : 0) {
+        case 1: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<0, 1, NR>>; break;
+        case 2: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<0, 2, NR>>; break;
+        case 3: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<0, 3, NR>>; break;
+        case 4: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<0, 4, NR>>; break;
+        case 9: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<1, 1, NR>>; break;
+        case 10: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<1, 2, NR>>; break;
+        case 17: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<2, 1, NR>>; break;
+        case 18: k->keys = &KeysWithOffsets<NR, &ScoreGKeys<2, 2, NR>>; break;
+        default: break;
+      }
+    }
+    if (const attn::Comp* vc = vctx.kc) {
+      const I16Book& z = vctx.i16;
+      if (z.on) {
+        switch (z.vnni && (z.nib || z.inreg) ? z.bits * 16 + static_cast<int>(z.nch) : 0) {
+#define TQ_FIXED_CASE(B, N) \
+  case B * 16 + N: k->value_parts = &AccumMse16<NR, true, B, N>; break;
+          TQ_FIXED_SHAPES(TQ_FIXED_CASE)
+#undef TQ_FIXED_CASE
+          default: break;
+        }
+      } else if (vc->fmt == Fmt::kIntAsym && vc->group_size == 32 && d % 32 == 0 && d <= 256 &&
+                 vc->meta_bytes == d / 8 && CpuHasVnni()) {
+        switch (vc->bits) {
+          case 8: k->values = &ValuesAsymG32<8, NR>; break;
+          case 4: k->values = &ValuesAsymG32<4, NR>; break;
+          case 2: k->values = &ValuesAsymG32<2, NR>; break;
+          default: break;
+        }
+      } else if (vc->fmt == Fmt::kSplit && vctx.sv.on) {
+        k->values = &ValuesWithoutScratch<&AccumSplit16<NR>>;
+      }
+    }
+  }
+
+  template <size_t NR, int FB, size_t FN>
+  static HWY_INLINE void FixedValuePasses(const I16Book& z, const uint8_t* const* rows, size_t npairs,
+                                          const int16_t* const* wps, const float* fac, float* const* priv) {
+    AccumI16FixedInner<NR, FB, FN>(z, rows, npairs, wps, fac, priv);
+  }
+};
+#undef TQ_FIXED_SHAPES
+#endif  // HWY_TARGET == HWY_AVX3_DL
 
 }  // namespace attnk
 }  // namespace tq::cpu::HWY_NAMESPACE

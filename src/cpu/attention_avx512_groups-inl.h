@@ -1,7 +1,10 @@
-// AVX3_DL group-scaled integer kernels (AVX-512 VNNI): int-asym values in
-// groups of 32 (AccumAsymG32), int8-sym and int-asym keys (ScoreGKeys), and
-// the split recipes' keys and values (ScoreSplit16, AccumSplit16). The split
-// rows' shapes (SplitKeyShape, SplitValShape, ...) are shared with AVX2.
+// AVX3_DL kernels with AVX-512 VNNI, part 1: the int16 dot products and
+// 16-token score reductions the key kernels share (Dpwssd, DotRows, Sum16,
+// StoreScores16), then the group-scaled kernels: int-asym values in groups
+// of 32 (AccumAsymG32), int8-sym and int-asym keys (ScoreGKeys), and the
+// split recipes' keys and values (ScoreSplit16, AccumSplit16; their rows'
+// shapes in attention_split16-inl.h, shared with AVX2). Part 2, the
+// fixed-shape kernels and the AVX3_DL kernel table: attention_avx512-inl.h.
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_AVX512_GROUPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -11,7 +14,7 @@
 #define TQ_SRC_CPU_ATTENTION_AVX512_GROUPS_INL_H_
 #endif
 
-#include "cpu/attention_avx512-inl.h"
+#include "cpu/attention_split16-inl.h"
 
 // HWY_BEFORE_NAMESPACE, with AVX-512 VNNI on AVX3_DL (attention_shared-inl.h).
 TQ_ATTN_BEFORE_VNNI_NAMESPACE();
@@ -19,6 +22,126 @@ namespace tq::cpu::HWY_NAMESPACE {
 namespace attnk {
 
 #if HWY_TARGET == HWY_AVX3_DL
+// acc += pairwise int16 products of x and y (vpdpwssd). Written as an asm
+// statement: with the intrinsic, GCC 12 copies accumulators between
+// registers and the stack on every iteration of the value loop.
+HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i x, __m512i y) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
+  return acc;
+}
+
+// acc[r] += k[i] . q[r] + off + 32 i (pairwise int16 products) for every
+// row r < NR and vector i < NK: the key kernels' products of a token's
+// expanded codes with the rows' int16 queries.
+template <size_t NR, size_t NK>
+HWY_INLINE void DotRows(__m512i* acc, const __m512i (&k)[NK], const int16_t* const* q, size_t off) {
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    HWY_UNROLL(4)
+    for (size_t i = 0; i < NK; ++i) acc[r] = Dpwssd(acc[r], k[i], _mm512_loadu_si512(q[r] + off + 32 * i));
+  }
+}
+
+// The 16 scores of query rows 0..NR-1 against tokens t0 .. t0 + 15 from
+// token(t, acc), which gives token t's NR int32 partial-sum vectors; out[r]
+// lane j is token t0 + j (tokens at or past nt read the last one again and
+// their lanes are dropped by the caller). Two lanes of a token are added in
+// int32 (the callers bound 4 nvec products), the rest in float. With 3 or 4
+// rows a token's row vectors are folded into one first (lane 4 j + i: row
+// i's sum over block j), then four tokens into one (block j = token j),
+// and four of those give the rows' 16 scores: no more than a few vectors
+// stay live (reducing each row's 16 tokens separately held 16 partial sums
+// at once and spilled). With 1 or 2 rows each row is reduced on its own.
+template <size_t NR, class Token>
+HWY_INLINE void Sum16(const Token& token, size_t t0, size_t nt, __m512* out) {
+  auto tok = [&](size_t i) { return t0 + (nt >= 16 ? i : std::min(i, nt - 1)); };
+  if constexpr (NR >= 3) {
+    auto rows = [&](size_t t) __attribute__((always_inline)) {
+      __m512i x[4];
+      token(t, x);
+      if constexpr (NR == 3) x[3] = _mm512_setzero_si512();
+      const __m512d u01 = _mm512_castps_pd(_mm512_cvtepi32_ps(
+          _mm512_add_epi32(_mm512_unpacklo_epi32(x[0], x[1]), _mm512_unpackhi_epi32(x[0], x[1]))));
+      const __m512d u23 = _mm512_castps_pd(_mm512_cvtepi32_ps(
+          _mm512_add_epi32(_mm512_unpacklo_epi32(x[2], x[3]), _mm512_unpackhi_epi32(x[2], x[3]))));
+      return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u01, u23)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(u01, u23)));
+    };
+    auto fold = [](__m512 p, __m512 q) __attribute__((always_inline)) {
+      return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD));
+    };
+    auto four = [&](size_t k) __attribute__((always_inline)) {
+      const __m512 x01 = fold(rows(tok(4 * k)), rows(tok(4 * k + 1)));
+      const __m512 x23 = fold(rows(tok(4 * k + 2)), rows(tok(4 * k + 3)));
+      return fold(x01, x23);
+    };
+    const __m512 y0 = four(0), y1 = four(1), y2 = four(2), y3 = four(3);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      // Token m of a pair of fours: lane 4 (m % 4) + r of y_(m / 4).
+      const __m512i idx = _mm512_add_epi32(
+          _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
+          _mm512_set1_epi32(static_cast<int>(r)));
+      out[r] = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(y0, idx, y1), _mm512_permutex2var_ps(y2, idx, y3),
+                                    0x44);
+    }
+  } else {
+    auto pair = [&](size_t ta, size_t tb, __m512* pr) __attribute__((always_inline)) {
+      __m512i x0[NR], x1[NR];
+      token(ta, x0);
+      token(tb, x1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        pr[r] = _mm512_cvtepi32_ps(
+            _mm512_add_epi32(_mm512_unpacklo_epi32(x0[r], x1[r]), _mm512_unpackhi_epi32(x0[r], x1[r])));
+      }
+    };
+    // In-block sums of four tokens.
+    auto quad4 = [&](size_t k, __m512* qd) __attribute__((always_inline)) {
+      __m512 p0[NR], p1[NR];
+      pair(tok(4 * k), tok(4 * k + 1), p0);
+      pair(tok(4 * k + 2), tok(4 * k + 3), p1);
+      HWY_UNROLL(4)
+      for (size_t r = 0; r < NR; ++r) {
+        const __m512d a0 = _mm512_castps_pd(p0[r]), a1 = _mm512_castps_pd(p1[r]);
+        qd[r] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a0, a1)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a1)));
+      }
+    };
+    __m512 quad[4][NR];
+    for (size_t k = 0; k < 4; ++k) quad4(k, quad[k]);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[0][r], quad[1][r], 0xDD));
+      const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0x88),
+                                       _mm512_shuffle_f32x4(quad[2][r], quad[3][r], 0xDD));
+      out[r] = _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+    }
+  }
+}
+
+// Scores of a tile's n tokens from token(t, acc) (t relative to the tile),
+// 16 at a time: lg[r][t] = sum * fac[t] * qi[r] + koff[r] + extra(r, t0)
+// lane t - t0 (extra: the caller's additive terms for 16 tokens; fac padded
+// to a multiple of 16).
+template <size_t NR, class Token, class Extra>
+HWY_INLINE void StoreScores16(const Token& token, size_t n, const float* fac, const float* qi,
+                              const float* koff, float* const* lg, const Extra& extra) {
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const size_t nt = std::min<size_t>(16, n - t0);
+    __m512 tot[NR];
+    Sum16<NR>(token, t0, nt, tot);
+    const __m512 fv = _mm512_load_ps(fac + t0);
+    const __mmask16 om = nt >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nt) - 1);
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      const __m512 l = _mm512_fmadd_ps(_mm512_mul_ps(tot[r], fv), _mm512_set1_ps(qi[r]), _mm512_set1_ps(koff[r]));
+      _mm512_mask_storeu_ps(lg[r] + t0, om, _mm512_add_ps(l, extra(r, t0)));
+    }
+  }
+}
+
 // Int-asym values in groups of 32 coordinates with 8, 4 or 2 bits (q8 and
 // the k*_v8 presets, kivi4, kivi2) as int16 dot products: out_j +=
 // sum_t w_t (s_tg x_tj + z_tg) is sum_t (w_t s_tg) x_tj + sum_t w_t z_tg;
@@ -238,9 +361,7 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
   }
   (void)df;
 }
-#endif
 
-#if HWY_TARGET == HWY_AVX3_DL
 // Group-scaled integer keys as int16 dot products (AVX-512 VNNI): int8-sym
 // keys (k8_*, q8; kind 0) and int-asym 4-bit and 2-bit keys (kivi4, kivi2;
 // kinds 1, 2), groups of 32 coordinates, up to 8 groups a row. A key's groups have their own fp16
@@ -463,207 +584,7 @@ HWY_NOINLINE void ScoreGKeys(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   });
 }
 
-#endif
 
-#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
-// Split keys (turboquant25/35: a regular and an outlier group, each a prod
-// code: (b-1)-bit MSE indices over rotation blocks with one fp16 scale each,
-// then QJL sign bits with a residual norm) as int16 dot products. The MSE
-// codes of every 32-coordinate piece and the sign bits of every 32 QJL
-// coordinates become int16 vectors in the units of one per-token factor,
-// so each query row sums a token in one int32 accumulator: per token, the
-// terms' magnitudes (block scale x largest centroid; QJL coefficient x
-// residual norm / lambda) give ratios to their largest (ScoreGKeys' idea),
-// MSE codes are looked up as int16 centroids (15 bits) and brought to
-// those units by vpmulhrsw, and sign bits become +-V by a masked blend.
-// The query side is one int16 vector per row: the rotated query followed by
-// the QJL sketch times lambda (per group, chosen per task so both halves
-// use the int16 range), so the sign term sum_k sk_k sign_k is a plain
-// product. The two targets differ in how a piece's codes are expanded
-// (ScoreSplit16 on AVX3_DL, ScoreSplitAvx2 on AVX2).
-// A split group's rotation block usable by the int16 split kernels (sizes
-// and offsets in whole 32-coordinate pieces): the largest |centroid| of its
-// codebook, or 0 when it does not qualify.
-inline float SplitBlockCmax(const BlockPlan& bp, int bits) {
-  if (bp.size % 32 != 0 || bp.offset % 32 != 0) return 0.0f;
-  float cm = 0.0f;
-  for (size_t e = 0; e < (size_t{1} << bits); ++e) cm = std::max(cm, std::fabs(bp.centroids[e]));
-  return cm > 0.0f && std::isfinite(cm) ? cm : 0.0f;
-}
-
-// A split piece's int16 centroid e: cent[e] in units of cs.
-inline uint16_t SplitCent16(const float* cent, float cs, size_t e) {
-  return static_cast<uint16_t>(static_cast<int16_t>(std::lrint(cent[e] * cs)));
-}
-
-// An MSE piece of a split key row: 32 coordinates of one rotation block.
-struct SplitPiece {
-  size_t byte;   // first code byte in the split row
-  int bits;
-  size_t term;   // its block's scale term
-  size_t xbase;  // extended query index of its first coordinate
-  const float* cent;
-  float cs;      // int16 units per centroid unit
-};
-// The shape of a split key row shared by the targets' builders: its MSE
-// pieces (returned in pcs[0..*np)), and into k its QJL pieces, scale terms
-// (term bytes, multipliers and ratio targets: the nm block scales, then +V
-// of each group, then -V of each group), row bytes and the QJL pieces'
-// query lanes (32 np + 32 q + i: the same on both targets). False: not a
-// shape the int16 split kernels take.
-inline bool SplitKeyShape(const attn::Comp* c, size_t d, SplitPiece* pcs, size_t* np_out, SplitKeys* k) {
-  size_t np = 0, nm = 0, nq = 0, rowbytes = 0;
-  size_t term_byte[8] = {};
-  float term_mul[8] = {};
-  for (int g = 0; g < 2; ++g) {
-    const attn::Group& gr = c->groups[g];
-    const CodecPlan& plan = *gr.plan;
-    if (!plan.scale_f16 || plan.mse_bits < 1 || plan.mse_bits > 3 || plan.qjl_dim == 0 ||
-        plan.qjl_dim % 32 != 0) {
-      return false;
-    }
-    rowbytes = std::max(rowbytes, gr.row_offset + plan.row_bytes);
-    for (size_t b = 0; b < plan.num_blocks; ++b) {
-      const BlockPlan& bp = plan.blocks[b];
-      const float cm = SplitBlockCmax(bp, plan.mse_bits);
-      if (cm == 0.0f || nm == 4) return false;
-      const size_t term = nm++;
-      term_byte[term] = gr.row_offset + plan.scale_offset + b * plan.scale_bytes;
-      term_mul[term] = cm;
-      for (size_t kk = 0; kk < bp.size / 32; ++kk) {
-        if (np == 8) return false;
-        pcs[np++] = {gr.row_offset + (bp.offset + 32 * kk) * static_cast<size_t>(plan.mse_bits) / 8,
-                     plan.mse_bits, term, gr.rot_offset + bp.offset + 32 * kk, bp.centroids,
-                     16383.0f / cm};
-      }
-    }
-    for (size_t kk = 0; kk < plan.qjl_dim / 32; ++kk) {
-      if (nq == 8) return false;
-      k->sbyte[nq] = static_cast<uint16_t>(gr.row_offset + plan.sign_offset + 4 * kk);
-      k->sgroup[nq] = static_cast<uint8_t>(g);
-      ++nq;
-    }
-  }
-  if (np == 0) return false;
-  *np_out = np;
-  k->nq = nq;
-  k->nq0 = c->groups[0].plan->qjl_dim / 32;
-  k->nm = nm;
-  k->rowbytes = rowbytes;
-  // QJL terms: +V of group g at nm + g, -V at nm + 2 + g.
-  for (int g = 0; g < 2; ++g) {
-    const attn::Group& gr = c->groups[g];
-    term_byte[nm + g] = term_byte[nm + 2 + g] = gr.row_offset + gr.plan->resid_offset;
-  }
-  for (size_t t = 0; t < 16; ++t) {
-    k->tmul[t] = t < nm ? term_mul[t] : 0.0f;  // QJL multipliers: PrepareSplitKeys (lambda)
-    k->tgt[t] = t < nm ? 16383.5f : t < nm + 2 ? 8191.0f : t < nm + 4 ? -8191.0f : 0.0f;
-    // Past the terms: term 0's bytes (read, times a zero multiplier).
-    if (t < 8) k->tbyte[t] = static_cast<uint16_t>(term_byte[t < nm + 4 ? t : 0]);
-  }
-  for (size_t q = 0; q < nq; ++q) {
-    const attn::Group& gr = c->groups[k->sgroup[q]];
-    // The piece's index within its group, from its sign bytes.
-    const size_t kk = (k->sbyte[q] - gr.row_offset - gr.plan->sign_offset) / 4;
-    for (size_t L = 0; L < 32; ++L) {
-      k->xmap[32 * np + 32 * q + L] = static_cast<uint16_t>(d + gr.sketch_offset + 32 * kk + L);
-    }
-  }
-  return true;
-}
-
-// max_j |p[j]| over n floats (0 when n = 0).
-HWY_INLINE float MaxAbsOf(const float* p, size_t n) {
-  const AF df;
-  AV mv = hn::Zero(df);
-  size_t j = 0;
-  for (; j + kL <= n; j += kL) mv = hn::Max(mv, hn::Abs(hn::LoadU(df, p + j)));
-  float mx = hn::GetLane(hn::MaxOfLanes(df, mv));
-  for (; j < n; ++j) mx = std::max(mx, std::fabs(p[j]));
-  return mx;
-}
-
-// The extended int16 queries of every task row (k->nv vectors of k->lanes
-// int16), and the QJL terms' multipliers (lambda is chosen here, from the
-// task's queries). Vector loops and one gather a vector (scalar loops had
-// been 12% of the samples of a 64-token turboquant35 decode); the values
-// are the scalar form's: rounding is monotone, so max_j |fl(v_j lambda)| =
-// |fl(lambda max_j |v_j|)|.
-inline void PrepareSplitKeys(const attn::Task& task, const attn::Comp& c, SplitKeys* k, AScratch& scr) {
-  const size_t d = task.d, len = k->nv * k->lanes;
-  size_t msk = 0;
-  for (int g = 0; g < 2; ++g) msk += c.groups[g].plan->qjl_dim;
-  float qmx[2] = {0.0f, 0.0f}, smx[2] = {0.0f, 0.0f};
-  const size_t nr = task.num_rows;
-  // Per row and group: max |rotated query|, max |sketch|.
-  auto row_max = [&](const attn::Row& row, int g, float* rq, float* rs) {
-    const attn::Group& gr = c.groups[g];
-    *rq = MaxAbsOf(row.qrot + gr.rot_offset, gr.plan->dim);
-    *rs = MaxAbsOf(row.qsk + gr.sketch_offset, gr.plan->qjl_dim);
-  };
-  for (size_t r = 0; r < nr; ++r) {
-    const attn::Row& row = task.rows[r];
-    if (row.qrot == nullptr || row.qsk == nullptr) continue;
-    for (int g = 0; g < 2; ++g) {
-      float rq, rs;
-      row_max(row, g, &rq, &rs);
-      qmx[g] = std::max(qmx[g], rq);
-      smx[g] = std::max(smx[g], rs);
-    }
-  }
-  for (int g = 0; g < 2; ++g) {
-    k->lambda[g] = qmx[g] > 0.0f && smx[g] > 0.0f ? qmx[g] / smx[g] : 1.0f;
-    const float coef = static_cast<float>(1.2533141373155002512 / static_cast<double>(c.groups[g].plan->qjl_dim));
-    k->tmul[k->nm + g] = k->tmul[k->nm + 2 + g] = coef / k->lambda[g];
-  }
-  scr.qs16x.assign(nr * len, 0);
-  scr.qs16inv.assign(nr, 0.0f);
-  if (scr.tmp.size() < d + msk + len) scr.tmp.resize(d + msk + len);
-  float* x = scr.tmp.data();
-  float* f = x + d + msk;
-  const AF df;
-  for (size_t r = 0; r < nr; ++r) {
-    const attn::Row& row = task.rows[r];
-    if (row.qrot == nullptr || row.qsk == nullptr) continue;
-    float rq[2], rs[2];
-    for (int g = 0; g < 2; ++g) row_max(row, g, &rq[g], &rs[g]);
-    // The groups' rotated coordinates cover [0, d) (regular, then outlier).
-    float mx = std::max(rq[0], rq[1]);
-    std::memcpy(x, row.qrot, d * sizeof(float));
-    for (int g = 0; g < 2; ++g) {
-      const attn::Group& gr = c.groups[g];
-      const size_t m = gr.plan->qjl_dim;
-      const float lam = k->lambda[g];
-      const float* src = row.qsk + gr.sketch_offset;
-      float* dst = x + d + gr.sketch_offset;
-      const AV vl = hn::Set(df, lam);
-      size_t j = 0;
-      for (; j + kL <= m; j += kL) hn::StoreU(hn::Mul(hn::LoadU(df, src + j), vl), df, dst + j);
-      for (; j < m; ++j) dst[j] = src[j] * lam;
-      mx = std::max(mx, std::fabs(rs[g] * lam));
-    }
-    if (!(mx > 0.0f)) continue;  // zero query: every score is koff
-    const float qs = static_cast<float>(k->qmax) / mx;
-#if HWY_TARGET == HWY_AVX3_DL
-    const __m512 vqs = _mm512_set1_ps(qs);
-    for (size_t i = 0; i < len; i += 16) {
-      const __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k->xmap + i)));
-      _mm512_storeu_ps(f + i, _mm512_mul_ps(_mm512_i32gather_ps(idx, x, 4), vqs));
-    }
-#else
-    const __m256 vqs = _mm256_set1_ps(qs);
-    for (size_t i = 0; i < len; i += 8) {
-      const __m256i idx = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k->xmap + i)));
-      _mm256_storeu_ps(f + i, _mm256_mul_ps(_mm256_i32gather_ps(x, idx, 4), vqs));
-    }
-#endif
-    RoundToI16(f, len, scr.qs16x.data() + r * len);
-    scr.qs16inv[r] = 1.0f / qs;
-  }
-}
-#endif  // HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
-
-#if HWY_TARGET == HWY_AVX3_DL
 // AVX3_DL: two pieces expand together: one byte permute gathers each
 // piece's code bytes into 8 qwords (8 codes each), vpmultishiftqb picks
 // the codes, a ternary-logic op masks them and adds the piece's table
@@ -858,77 +779,7 @@ HWY_NOINLINE void ScoreSplit16(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   StoreScores16<NR>(token, n, fac, qi, koff, lg,
                     [](size_t, size_t) __attribute__((always_inline)) { return _mm512_setzero_ps(); });
 }
-#endif
 
-#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
-// Split values (two TurboQuant-MSE groups of 2..4 bits at head_dim 128, in
-// 4 pieces of 32 coordinates) as int16 dot products: per pair of tokens and
-// piece, the two tokens' int16 centroids (12 bits) as (a, b) pairs, each
-// int32 lane summing c_a u_a + c_b u_b, u = weight x block scale rounded
-// to 13 bits against the tile's largest per (row, block), as in AccumMse16.
-// The shape shared by the targets' builders: v's terms (scale bytes, int16
-// units per centroid unit), pieces' terms and output offsets and row bytes;
-// pcs[p] = {first code byte, bits, centroids}. False: not a shape the
-// kernels take.
-struct SplitValPiece {
-  size_t byte;
-  size_t bits;
-  const float* cent;
-};
-inline bool SplitValShape(const attn::Comp* c, size_t d, SplitVals* v, SplitValPiece* pcs) {
-  v->on = false;
-  if (c == nullptr || c->fmt != Fmt::kSplit || c->num_groups != 2 || d != 128) return false;
-  size_t np = 0, nterm = 0, rowbytes = 0;
-  for (int g = 0; g < 2; ++g) {
-    const attn::Group& gr = c->groups[g];
-    const CodecPlan& plan = *gr.plan;
-    if (!plan.scale_f16 || plan.qjl_dim != 0 || plan.mse_bits < 2 || plan.mse_bits > 4) return false;
-    rowbytes = std::max(rowbytes, gr.row_offset + plan.row_bytes);
-    const size_t bb = static_cast<size_t>(plan.mse_bits);
-    for (size_t b = 0; b < plan.num_blocks; ++b) {
-      const BlockPlan& bp = plan.blocks[b];
-      const float cm = SplitBlockCmax(bp, plan.mse_bits);
-      if (cm == 0.0f || nterm == 4) return false;
-      const size_t term = nterm++;
-      v->tbyte[term] = static_cast<uint16_t>(gr.row_offset + plan.scale_offset + b * plan.scale_bytes);
-      v->cs[term] = static_cast<float>(kValCmax) / cm;
-      for (size_t kk = 0; kk < bp.size / 32; ++kk) {
-        if (np == 4) return false;
-        const size_t p = np++;
-        pcs[p] = {gr.row_offset + (bp.offset + 32 * kk) * bb / 8, bb, bp.centroids};
-        v->term[p] = term;
-        v->out[p] = gr.rot_offset + bp.offset + 32 * kk;
-      }
-    }
-  }
-  if (np != 4) return false;
-  v->np = np;
-  v->nterm = nterm;
-  v->rowbytes = rowbytes;
-  return true;
-}
-// A tile's int16 weights for split values (both targets): per row and
-// scale term, weight x the tokens' block scale (sg: a term's scales of the
-// tile's n tokens, zeroed here past n) rounded against the tile's largest
-// (TileWeights16), and fac, their factors back to float.
-template <size_t NR>
-HWY_INLINE void SplitValWeights(const SplitVals& v, attn::Row* const* rs, float* const* w, size_t n,
-                                float (*sg)[kTile + kL], int16_t (*w16)[4][kTile + kL], float (*fac)[4]) {
-  for (size_t tm = 0; tm < v.nterm; ++tm) {
-    for (size_t t = n; t < kTile + kL; ++t) sg[tm][t] = 0.0f;
-  }
-  for (size_t r = 0; r < NR; ++r) {
-    rs[r]->int_values = true;
-    HWY_ALIGN float wr[kTile + kL];
-    PadWeights(w[r], n, wr);
-    for (size_t tm = 0; tm < v.nterm; ++tm) {
-      fac[r][tm] = TileWeights16(wr, sg[tm], n, kWmax, w16[r][tm]) / (static_cast<float>(kWmax) * v.cs[tm]);
-    }
-  }
-}
-#endif
-
-#if HWY_TARGET == HWY_AVX3_DL
 // AVX3_DL: per pair of tokens and piece, one two-source byte permute puts
 // the code bytes of 4 coordinates of each token in every qword,
 // vpmultishiftqb interleaves the two tokens' codes (byte 2k: token a's code

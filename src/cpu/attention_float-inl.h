@@ -1,7 +1,9 @@
 // fp32 attention kernels, on every target (the scalar one included): keys
-// (ScoreDecodedT, ScoreDenseRows, ScoreMseFast, ScoreSplitRows) and values
-// (AccumDecodedT, AccumDenseRows, AccumMseFast, AccumSplitRows) of the
-// formats and shapes the integer kernels do not take.
+// (ScoreDecodedT, ScoreDenseRows, ScoreMseFast, ScoreSplitRows,
+// ScoreCodecRows) and values (AccumDecodedT, AccumDenseRows, AccumMseFast,
+// AccumSplitRows, AccumRotatedRows) of the formats and shapes the integer
+// kernels do not take, and their entries in the kernel table
+// (DecodedKeys, DecodedValues, KeysMseFast).
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_FLOAT_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -11,7 +13,7 @@
 #define TQ_SRC_CPU_ATTENTION_FLOAT_INL_H_
 #endif
 
-#include "cpu/attention_shared-inl.h"
+#include "cpu/attention_kernel_table-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tq::cpu::HWY_NAMESPACE {
@@ -133,28 +135,60 @@ HWY_NOINLINE void ScoreDenseRows(const attn::Seg& s, size_t a, size_t b, size_t 
   }
 }
 
-template <size_t NR>
-HWY_INLINE void ScoreDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
-                             size_t d, const float* const* q, const float* koff, float* const* lg,
-                             AScratch& scr) {
-#if HWY_TARGET != HWY_SCALAR
-  if (d % kL == 0 && kL % 2 == 0) {
-    switch (info.fmt) {
-      case Fmt::kF16: return ScoreDenseRows<Fmt::kF16, NR>(s, a, b, d, q, koff, lg);
-      case Fmt::kBF16: return ScoreDenseRows<Fmt::kBF16, NR>(s, a, b, d, q, koff, lg);
-      case Fmt::kF32: return ScoreDenseRows<Fmt::kF32, NR>(s, a, b, d, q, koff, lg);
-      default: break;
+// Which query and offset the fp32 key kernels read: a dense segment's
+// (the plain query, offset 0), a compressed segment's in the plain domain
+// (int8, int-asym and dense-format rows) or in the key codec's rotated
+// domain (TurboQuant rows); compressed keys' offset is q · key mean.
+enum class KeyQuery { kDense, kPlain, kRotated };
+template <size_t NR, KeyQuery Q>
+HWY_INLINE void RowQueries(attn::Row* const* rs, const float** q, float* koff) {
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    q[r] = Q == KeyQuery::kRotated ? rs[r]->qrot : rs[r]->q;
+    koff[r] = Q == KeyQuery::kDense ? 0.0f : rs[r]->koff;
+  }
+}
+// The entries of the two kernels above; a compressed segment's rows are
+// decoded as ctx.info says, a dense segment's are rows of F.
+template <Fmt F, size_t NR, KeyQuery Q>
+void KeysDenseRows(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                   float* const* lg, AScratch&) {
+  const float* q[NR];
+  float koff[NR];
+  RowQueries<NR, Q>(rs, q, koff);
+  ScoreDenseRows<F, NR>(s, a, b, ctx.task->d, q, koff, lg);
+}
+template <Fmt F, size_t NR, KeyQuery Q>
+void KeysDecoded(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                 float* const* lg, AScratch& scr) {
+  const float* q[NR];
+  float koff[NR];
+  RowQueries<NR, Q>(rs, q, koff);
+  const DecodeInfo info = Q == KeyQuery::kDense ? MakeInfo(F, nullptr, nullptr) : ctx.info;
+  ScoreDecodedT<F, NR>(info, s, a, b, ctx.task->d, q, koff, lg, scr);
+}
+// The fp32 key kernel of rows of format f (a dense, int8 or int-asym
+// format): dense rows whole where whole vectors tile them, else decoded
+// per element.
+template <size_t NR, KeyQuery Q>
+KeyFn DecodedKeys(Fmt f, size_t d) {
+  if constexpr (HWY_TARGET != HWY_SCALAR) {
+    if (d % kL == 0 && kL % 2 == 0) {
+      switch (f) {
+        case Fmt::kF16: return &KeysDenseRows<Fmt::kF16, NR, Q>;
+        case Fmt::kBF16: return &KeysDenseRows<Fmt::kBF16, NR, Q>;
+        case Fmt::kF32: return &KeysDenseRows<Fmt::kF32, NR, Q>;
+        default: break;
+      }
     }
   }
-#endif
-  switch (info.fmt) {
-    case Fmt::kF16: return ScoreDecodedT<Fmt::kF16, NR>(info, s, a, b, d, q, koff, lg, scr);
-    case Fmt::kBF16: return ScoreDecodedT<Fmt::kBF16, NR>(info, s, a, b, d, q, koff, lg, scr);
-    case Fmt::kF32: return ScoreDecodedT<Fmt::kF32, NR>(info, s, a, b, d, q, koff, lg, scr);
-    case Fmt::kInt8: return ScoreDecodedT<Fmt::kInt8, NR>(info, s, a, b, d, q, koff, lg, scr);
-    case Fmt::kIntAsym: return ScoreDecodedT<Fmt::kIntAsym, NR>(info, s, a, b, d, q, koff, lg, scr);
-    case Fmt::kMse: return ScoreDecodedT<Fmt::kMse, NR>(info, s, a, b, d, q, koff, lg, scr);
-    default: return;
+  switch (f) {
+    case Fmt::kF16: return &KeysDecoded<Fmt::kF16, NR, Q>;
+    case Fmt::kBF16: return &KeysDecoded<Fmt::kBF16, NR, Q>;
+    case Fmt::kF32: return &KeysDecoded<Fmt::kF32, NR, Q>;
+    case Fmt::kInt8: return &KeysDecoded<Fmt::kInt8, NR, Q>;
+    case Fmt::kIntAsym: return &KeysDecoded<Fmt::kIntAsym, NR, Q>;
+    default: return &NoKeys;
   }
 }
 
@@ -314,6 +348,22 @@ HWY_NOINLINE void ScoreMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, 
   }
 }
 
+// Its entry: the rows' rotated queries (kQjl, prod keys: and their QJL sketches).
+template <size_t NR, bool kQjl>
+void KeysMseFast(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                 float* const* lg, AScratch& scr) {
+  const float* q[NR];
+  const float* qs[NR];
+  float koff[NR];
+  HWY_UNROLL(4)
+  for (size_t r = 0; r < NR; ++r) {
+    q[r] = rs[r]->qrot;
+    qs[r] = kQjl ? rs[r]->qsk : rs[r]->qrot;
+    koff[r] = rs[r]->koff;
+  }
+  ScoreMseFast<NR>(ctx, s, a, b, q, qs, koff, lg, scr);
+}
+
 // Split keys (each group a TurboQuant codec row inside the split row, at its
 // row_offset, with its own scales): per group and token the indices are
 // unpacked once and every block's centroids looked up once for all NR query
@@ -413,6 +463,49 @@ HWY_NOINLINE void ScoreSplitRows(const KeyCtx& ctx, const attn::Seg& s, size_t a
         }
         StoreLogits<true>(hn::Add(tot, hn::LoadU(df, qjl[r])), lg[r] + (t0 - a), nt);
       }
+    }
+  }
+}
+
+// TurboQuant keys of any other shape (prod keys without the integer or
+// fast kernels, split rows of other rotations): each group's codec rows of
+// the tile gathered into one contiguous block (they may sit inside split
+// rows or in two planes), then scored for every query row by the codec's
+// own scorer.
+template <size_t NR>
+void ScoreCodecRows(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                    float* const* lg, AScratch& scr) {
+  const attn::Comp& kc = *ctx.kc;
+  const size_t n = b - a;
+  for (size_t r = 0; r < NR; ++r) {
+    for (size_t t = 0; t < n; ++t) lg[r][t] = rs[r]->koff;
+  }
+  scr.tmp.resize(n);
+  for (int g = 0; g < kc.num_groups; ++g) {
+    const attn::Group& gr = kc.groups[g];
+    const CodecPlan& plan = *gr.plan;
+    const uint8_t* rows = nullptr;
+    if (kc.fmt == Fmt::kProd && kc.meta_bytes > 0 && s.km == s.k + kc.payload_bytes &&
+        s.k_stride == plan.row_bytes && s.km_stride == plan.row_bytes) {
+      rows = s.k + a * s.k_stride;  // KVCache rows: already contiguous codec rows
+    } else {
+      scr.tile.resize(n * plan.row_bytes);
+      for (size_t t = 0; t < n; ++t) {
+        uint8_t* dst = scr.tile.data() + t * plan.row_bytes;
+        const uint8_t* src = s.k + (a + t) * s.k_stride + gr.row_offset;
+        if (kc.fmt == Fmt::kProd) {
+          std::memcpy(dst, src, kc.payload_bytes);
+          std::memcpy(dst + kc.payload_bytes, s.km + (a + t) * s.km_stride, kc.meta_bytes);
+        } else {
+          std::memcpy(dst, src, plan.row_bytes);
+        }
+      }
+      rows = scr.tile.data();
+    }
+    for (size_t r = 0; r < NR; ++r) {
+      ScoreRowsImpl(plan, rs[r]->qrot + gr.rot_offset, rs[r]->qsk ? rs[r]->qsk + gr.sketch_offset : nullptr,
+                    rows, n, scr.tmp.data());
+      for (size_t t = 0; t < n; ++t) lg[r][t] += scr.tmp[t];
     }
   }
 }
@@ -547,29 +640,40 @@ HWY_NOINLINE void AccumDenseRows(const attn::Seg& s, size_t a, size_t b, size_t 
   }
 }
 
-template <size_t NR>
-HWY_INLINE void AccumDecoded(const DecodeInfo& info, const attn::Seg& s, size_t a, size_t b,
-                             size_t d, attn::Row* const* rs, float* const* w, AScratch& scr) {
-#if HWY_TARGET != HWY_SCALAR
-  // Dense formats read the same whether the segment is dense or the cache's
-  // compressed part (k16/bf16/f32 presets): rows in order, as the keys do.
-  if (d % kL == 0) {
-    switch (info.fmt) {
-      case Fmt::kF16: return AccumDenseRows<Fmt::kF16, NR>(s, a, b, d, rs, w);
-      case Fmt::kBF16: return AccumDenseRows<Fmt::kBF16, NR>(s, a, b, d, rs, w);
-      case Fmt::kF32: return AccumDenseRows<Fmt::kF32, NR>(s, a, b, d, rs, w);
-      default: break;
+// The entries of the two kernels above (rows as DecodedKeys reads them).
+template <Fmt F, size_t NR>
+void ValuesDenseRows(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                     float* const* w, AScratch&) {
+  AccumDenseRows<F, NR>(s, a, b, vctx.task->d, rs, w);
+}
+template <Fmt F, size_t NR, bool kDense>
+void ValuesDecoded(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                   float* const* w, AScratch& scr) {
+  AccumDecodedT<F, NR>(kDense ? MakeInfo(F, nullptr, nullptr) : vctx.info, s, a, b, vctx.task->d, rs, w, scr);
+}
+// The fp32 value kernel of rows of format f (kDense: a dense segment's,
+// else a compressed segment's as vctx.info says). Dense formats read the
+// same whether the segment is dense or the cache's compressed part
+// (k16/bf16/f32 presets): rows in order, as the keys do.
+template <size_t NR, bool kDense>
+ValueFn DecodedValues(Fmt f, size_t d) {
+  if constexpr (HWY_TARGET != HWY_SCALAR) {
+    if (d % kL == 0) {
+      switch (f) {
+        case Fmt::kF16: return &ValuesDenseRows<Fmt::kF16, NR>;
+        case Fmt::kBF16: return &ValuesDenseRows<Fmt::kBF16, NR>;
+        case Fmt::kF32: return &ValuesDenseRows<Fmt::kF32, NR>;
+        default: break;
+      }
     }
   }
-#endif
-  switch (info.fmt) {
-    case Fmt::kF16: return AccumDecodedT<Fmt::kF16, NR>(info, s, a, b, d, rs, w, scr);
-    case Fmt::kBF16: return AccumDecodedT<Fmt::kBF16, NR>(info, s, a, b, d, rs, w, scr);
-    case Fmt::kF32: return AccumDecodedT<Fmt::kF32, NR>(info, s, a, b, d, rs, w, scr);
-    case Fmt::kInt8: return AccumDecodedT<Fmt::kInt8, NR>(info, s, a, b, d, rs, w, scr);
-    case Fmt::kIntAsym: return AccumDecodedT<Fmt::kIntAsym, NR>(info, s, a, b, d, rs, w, scr);
-    case Fmt::kMse: return AccumDecodedT<Fmt::kMse, NR>(info, s, a, b, d, rs, w, scr);
-    default: return;
+  switch (f) {
+    case Fmt::kF16: return &ValuesDecoded<Fmt::kF16, NR, kDense>;
+    case Fmt::kBF16: return &ValuesDecoded<Fmt::kBF16, NR, kDense>;
+    case Fmt::kF32: return &ValuesDecoded<Fmt::kF32, NR, kDense>;
+    case Fmt::kInt8: return &ValuesDecoded<Fmt::kInt8, NR, kDense>;
+    case Fmt::kIntAsym: return &ValuesDecoded<Fmt::kIntAsym, NR, kDense>;
+    default: return &NoValues;
   }
 }
 
@@ -676,6 +780,60 @@ HWY_NOINLINE void AccumSplitRows(const KeyCtx& vctx, const attn::Seg& s, size_t 
     float* acc[NR];
     for (size_t r = 0; r < NR; ++r) acc[r] = rs[r]->accr + gr.rot_offset;
     AccumChunks<Fmt::kMse, NR>(decs.data(), n, dg, w, acc);  // dg is whole chunks (SplitValuesOk)
+  }
+}
+
+// TurboQuant values of any other shape (bits, blocks, split groups): per
+// token with a weight, each group's indices unpacked and every block's
+// centroids added into the rows' rotated accumulators at the group's
+// offset.
+template <size_t NR>
+void AccumRotatedRows(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b, attn::Row* const* rs,
+                      float* const* w, AScratch& scr) {
+  const attn::Comp& vc = *vctx.kc;
+  const AF df;
+  for (size_t t = a; t < b; ++t) {
+    float wt[NR];
+    bool any = false;
+    HWY_UNROLL(4)
+    for (size_t r = 0; r < NR; ++r) {
+      wt[r] = w[r][t - a];
+      any |= wt[r] != 0.0f;
+    }
+    if (!any) continue;
+    const uint8_t* prow = s.v + t * s.v_stride;
+    for (int g = 0; g < vc.num_groups; ++g) {
+      const attn::Group& gr = vc.groups[g];
+      const CodecPlan& plan = *gr.plan;
+      const uint8_t* row = prow + gr.row_offset;
+      const uint8_t* scales = vc.fmt == Fmt::kMse ? s.vm + t * s.vm_stride : row + plan.scale_offset;
+      uint8_t* idx = scr.idx.data();
+      Unpack(row, plan.dim, plan.mse_bits, idx, plan.index_bytes);
+      for (size_t bl = 0; bl < plan.num_blocks; ++bl) {
+        const BlockPlan& bp = plan.blocks[bl];
+        const Lut& lut = vctx.luts[g][bl];
+        const AV tab = hn::Load(df, lut.tab);
+        const float scale = Scale(plan, scales + bl * plan.scale_bytes);
+        AV wv[NR];
+        HWY_UNROLL(4)
+        for (size_t r = 0; r < NR; ++r) wv[r] = hn::Set(df, wt[r] * scale);
+        const size_t base = gr.rot_offset + bp.offset;
+        size_t j = 0;
+        for (; j + kL <= bp.size; j += kL) {
+          const AV cv = Lookup(lut, tab, idx + bp.offset + j);
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) {
+            float* acc = rs[r]->accr + base + j;
+            hn::StoreU(hn::MulAdd(wv[r], cv, hn::LoadU(df, acc)), df, acc);
+          }
+        }
+        for (; j < bp.size; ++j) {
+          const float c = lut.c[idx[bp.offset + j]] * scale;
+          HWY_UNROLL(4)
+          for (size_t r = 0; r < NR; ++r) rs[r]->accr[base + j] += wt[r] * c;
+        }
+      }
+    }
   }
 }
 

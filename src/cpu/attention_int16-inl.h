@@ -1,9 +1,10 @@
 // Integer TurboQuant kernels, the portable part: int16 codebooks (InitI16),
-// int16 queries (PrepareQ16), the AVX2 multiply-add asm helpers (MaddAvx2),
-// the QJL sign term (AddQjl16), the generic key kernel ScoreMse16 and the
-// value kernels' tile weights (TileWeights16, AsymG32Weights). On AVX3_DL
-// the code from CpuHasVnni on is compiled with AVX-512 VNNI: each part up to
-// attention_int16_values-inl.h reopens that attribute region.
+// int16 queries (PrepareQ16), 2- and 3-bit rows expanded in registers
+// (IdxChunkVbmi, IdxChunkAvx2), the QJL sign term (AddQjl16), the generic
+// key kernel ScoreMse16 and the value kernels' tile weights (TileWeights16,
+// AsymG32Weights). On AVX3_DL the code from CpuHasVnni on is compiled with
+// AVX-512 VNNI: each part up to attention_int16_values-inl.h reopens that
+// attribute region.
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_INT16_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -109,27 +110,6 @@ HWY_INLINE void LaneMap(size_t nvec, size_t per, size_t d, Coord coord, Pos pos,
 // position k * (d / 8) + i holds coordinate 8 i + k.
 HWY_INLINE size_t FastPos(size_t x, size_t d) { return (x % 8) * (d / 8) + x / 8; }
 
-// AVX2 tables of a chunk of 32 bits-bit codes (IdxChunkAvx2, IdxAvx2):
-// perm[32 v + 2 lane + {0, 1}], the two window bytes holding the code of
-// int16 lane `lane` of vector v (v 0: coordinates 0..7 and 16..23, v 1:
-// 8..15 and 24..31), `shift` added where the chunk's window starts that
-// many bytes early, and 0x80 (a zero byte) for a second byte at or past
-// `limit` (the multiply shifts it out anyway); mul[16 v + lane] = 2^(16 -
-// bits - o), o the code's bit offset in its first byte.
-inline void Avx2ChunkShuffles(size_t bits, size_t shift, size_t limit, uint8_t* perm, int16_t* mul) {
-  for (size_t v = 0; v < 2; ++v) {
-    for (size_t blk = 0; blk < 2; ++blk) {
-      for (size_t i = 0; i < 8; ++i) {
-        const size_t k = 16 * blk + 8 * v + i, bit = bits * k, lane = 8 * blk + i;
-        const size_t b0 = bit / 8, b1 = b0 + 1;
-        perm[32 * v + 2 * lane] = static_cast<uint8_t>(b0 + shift);
-        perm[32 * v + 2 * lane + 1] = b1 < limit ? static_cast<uint8_t>(b1 + shift) : uint8_t{0x80};
-        mul[16 * v + lane] = static_cast<int16_t>(1 << (16 - bits - bit % 8));
-      }
-    }
-  }
-}
-
 // The integer kernels apply to TurboQuant-MSE keys or values of 2..4 bits
 // with one rotation block (int16 centroids), and to int-asym values of 2..4
 // bits with one group a row (u * scale + zero: the "centroids" are the
@@ -191,42 +171,7 @@ HWY_INLINE void InitI16(const attn::Comp* c, size_t d, bool keys, I16Book* z) {
   z->nch = nch;
   z->bits = bits;
   z->extent = z->nib ? nch * kN8 : 0;
-  z->inreg = false;
-#if HWY_TARGET == HWY_AVX3_DL
-  if (!z->nib) {  // chunk c: 8 groups of 8 coordinates, group g = bits bytes at 8 bits c + bits g
-    z->inreg = true;
-    const size_t bb = static_cast<size_t>(bits);
-    for (size_t i = 0; i < 64; ++i) {
-      z->perm[i] = static_cast<uint8_t>(std::min<size_t>(bb * (i / 8) + i % 8, 63));
-      z->ctrl[i] = static_cast<uint8_t>(bb * (i % 8));
-    }
-    z->extent = 8 * bb * (nch - 1) + 64;
-  }
-#endif
-#if HWY_TARGET == HWY_AVX2
-  if (!z->nib) {
-    // Chunk c = 32 coordinates, 4 bits bytes at 4 bits c, broadcast to both
-    // 128-bit blocks. Vector A holds coordinates 0..7 (low block) and
-    // 16..23 (high block) in int16 lanes, vector B 8..15 and 24..31: lane
-    // of coordinate k = the two bytes from floor(bits k / 8), times
-    // 2^(16 - bits - o) (o = bits k mod 8) puts the code in the top bits,
-    // a shift by 16 - bits leaves it; packus of A and B gives the 32 index
-    // bytes in coordinate order.
-    z->inreg = true;
-    int16_t mul[32];
-    Avx2ChunkShuffles(static_cast<size_t>(bits), 0, SIZE_MAX, z->perm, mul);
-    std::memcpy(z->ctrl, mul, sizeof(mul));
-    z->extent = z->nbytes;  // the last chunk is read by a masked load
-  }
-#endif
-#if HWY_TARGET == HWY_AVX3_DL
-  for (size_t i = 0; i < 64; ++i) {
-    z->lo64[i] = z->lo[i % n];
-    z->hi64[i] = z->hi[i % n];
-  }
-  for (size_t i = 0; i < 32; ++i) z->t16[i] = static_cast<int16_t>(z->lo64[i] | (z->hi64[i] << 8));
-  z->vnni = HostCpu().avx512_vnni;
-#endif
+  z->inreg = false;  // the target's InitBook may expand 2- and 3-bit rows in registers
   z->on = true;
 }
 
@@ -420,7 +365,7 @@ HWY_INLINE hn::Vec<B8> IdxChunkVbmi(const uint8_t* row, size_t nbytes, size_t c,
 
 #if HWY_TARGET == HWY_AVX2
 // Index bytes of chunk c (32 coordinates in order) of a 2- or 3-bit row of
-// nbytes code bytes (InitI16's tables). Nothing past the codes is read: the
+// nbytes code bytes (the tables of TargetKernels<HWY_AVX2>::InitBook). Nothing past the codes is read: the
 // chunk's 16-byte window is a plain load where it lies inside the codes, a
 // masked dword load (or a copy) where it does not.
 HWY_INLINE hn::Vec<B8> IdxChunkAvx2(const uint8_t* row, size_t nbytes, size_t c, const I16Book& z,
@@ -464,58 +409,6 @@ HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> ac
   return hn::ReorderWidenMulAccumulate(B32(), a, b, acc, acc2);
 }
 
-#if HWY_TARGET == HWY_AVX2
-// acc += pairwise int16 products of k and the 16 int16 at q (or of k and
-// w), summed into int32 lanes. Written as asm statements: with the
-// intrinsics GCC 12 computed a token's products ahead of their adds and
-// kept them on the stack.
-// VX: AVX-VNNI (VEX-encoded vpdpwssd, Intel cores since Alder Lake and
-// Sapphire Rapids, AMD since Zen 5): one instruction for both.
-template <bool VX = false>
-HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, const int16_t* q) {
-  if constexpr (VX) {
-    asm("%{vex%} vpdpwssd %1, %2, %0" : "+x"(acc) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
-    return acc;
-  }
-  __m256i t;
-  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0"
-      : "+x"(acc), "=&x"(t)
-      : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
-  return acc;
-}
-// The pairwise products alone (a token's first multiply-add).
-HWY_INLINE __m256i MulAvx2(__m256i k, const int16_t* q) {
-  __m256i t;
-  asm("vpmaddwd %1, %2, %0" : "=x"(t) : "m"(*reinterpret_cast<const __m256i*>(q)), "x"(k));
-  return t;
-}
-template <bool VX = false>
-HWY_INLINE __m256i MaddAvx2(__m256i acc, __m256i k, __m256i w) {
-  if constexpr (VX) {
-    asm("%{vex%} vpdpwssd %1, %2, %0" : "+x"(acc) : "x"(w), "x"(k));
-    return acc;
-  }
-  __m256i t;
-  asm("vpmaddwd %2, %3, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(k));
-  return acc;
-}
-// The lane mask of 16 QJL sign bits at p (little-endian word): lane L is
-// all ones where bit L is set.
-HWY_INLINE __m256i SignMaskAvx2(const uint8_t* p) {
-  uint16_t w;
-  std::memcpy(&w, p, 2);
-  const __m256i sel = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                        static_cast<int16_t>(0x8000));
-  return _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(static_cast<short>(w)), sel), sel);
-}
-// The AVX2 integer kernels' multiply-adds as AVX-VNNI where the CPU has it
-// (each kernel re-enters itself with VX = true); the AVX2 target runs only
-// where the OS saves YMM state.
-inline bool CpuHasAvxVnni() {
-  static const bool has = HostCpu().avx_vnni;
-  return has;
-}
-#endif
 
 // Prod keys' QJL term sqrt(pi/2)/m * gamma * sum_k (S q')_k (2 bit_k - 1)
 // with the sketch in int16 (PrepareQ16): with the set bits as -1 lanes, one
@@ -837,6 +730,13 @@ HWY_INLINE void AsymG32Weights(attn::Row* const* rs, float* const* w, size_t n, 
     }
   }
 }
+// The integer value kernel (attention_int16_values-inl.h), declared here
+// for the targets' kernel tables: value sums of a tile's compressed parts;
+// FB > 0: the fixed-shape passes for FB-bit codes in FN chunks
+// (TargetKernels::FixedValuePasses).
+template <size_t NR, bool kVnni, int FB = 0, size_t FN = 0>
+HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
+                             float* const* w, AScratch& scr);
 #endif  // HWY_TARGET != HWY_SCALAR
 
 }  // namespace attnk

@@ -1,8 +1,9 @@
 // The integer value kernel AccumMse16 (one-block TurboQuant-MSE values of
 // 2..4 bits, and int-asym values with one group a row): the portable loop,
-// whose inner passes are the fixed-shape ones on AVX3_DL
-// (AccumI16FixedInner) and AVX2 (AccumI16Avx2Inner). The last part compiled
-// with AVX-512 VNNI on AVX3_DL.
+// whose inner passes are the target's fixed-shape ones where its kernel
+// table picks them (TargetKernels::FixedValuePasses: AccumI16FixedInner on
+// AVX3_DL, AccumI16Avx2Inner on AVX2). The last part compiled with
+// AVX-512 VNNI on AVX3_DL.
 
 // Per-target include guard (Highway re-includes this file for every target).
 #if defined(TQ_SRC_CPU_ATTENTION_INT16_VALUES_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -46,9 +47,9 @@ HWY_INLINE void AccumPairs(const hn::Vec<B16>* cv, const int16_t* const* wps, si
 // scale) of each row rounded to int16 against the tile's largest, tokens
 // taken in pairs (one int32 lane = c_t w_t + c_t+1 w_t+1), int32 sums
 // flushed once per call into the row's private float sums (scr.priv).
-// FB > 0 (AVX3_DL with VNNI): the fixed-shape inner loop for FB-bit codes in
+// FB > 0: the target's fixed-shape passes for FB-bit codes in
 // FN chunks (see ScoreI16Fixed).
-template <size_t NR, bool kVnni, int FB = 0, size_t FN = 0>
+template <size_t NR, bool kVnni, int FB, size_t FN>
 HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, attn::Row* const* rs,
                              float* const* w, AScratch& scr) {
   const AF df;
@@ -175,18 +176,10 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, 
   const int16_t* wps[NR];
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
-#if HWY_TARGET == HWY_AVX3_DL
   if constexpr (FB > 0) {
-    AccumI16FixedInner<NR, FB, FN>(z, rows, npairs, wps, fac, priv);
+    TargetKernels<HWY_TARGET>::template FixedValuePasses<NR, FB, FN>(z, rows, npairs, wps, fac, priv);
     return;
   }
-#endif
-#if HWY_TARGET == HWY_AVX2
-  if constexpr (FB > 0) {
-    AccumI16Avx2Inner<NR, FB>(z, rows, npairs, wps, fac, priv);
-    return;
-  }
-#endif
   // One pass a group of four accumulators per row (v0 .. v0 + 3).
   const size_t npass = z.nvec_v / 4;
   const size_t nb = z.nbytes;  // code bytes a row (the rest of a padded copy is zero)

@@ -499,15 +499,32 @@ struct SegPart {
   size_t a, b;
 };
 
+// Per-row decoding state shared by the per-element kernels.
+struct DecodeInfo {
+  Fmt fmt = Fmt::kF16;
+  size_t group_size = 0;
+  int bits = 0;              // int-asym
+  size_t payload_bytes = 0;  // int-asym
+  const CodecPlan* plan = nullptr;  // MSE
+  const Lut* luts = nullptr;        // MSE
+  // Every vector chunk lies inside one scale group / rotation block.
+  bool vec_ok = true;
+  int gshift = -1;    // int8 / int-asym: log2(group_size) where RowDecoder keeps the scales
+  size_t ngroups = 0;  // ... and the groups a row (the meta holds their scales)
+};
+
+// One component (keys or values) of a call, as its kernels read it: the
+// compressed rows' format, centroid tables and the integer kernels' layouts.
 struct KeyCtx {
   const attn::Task* task;
-  const attn::Comp* kc;
+  const attn::Comp* kc;  // the component's compressed rows (nullptr: none)
   Lut luts[2][kMaxBlocks];
   bool fast_mse = false;  // MSE rows take the gather kernels (see attn::Comp::fast)
   I16Book i16;            // the integer kernels apply (keys: ScoreMse16, values: AccumMse16)
-  GKeys gk;               // group-scaled integer keys (AVX3_DL: ScoreGKeys)
-  SplitKeys sk;           // split keys as int16 (AVX3_DL: ScoreSplit16)
-  SplitVals sv;           // split values as int16 (AVX3_DL: AccumSplit16)
+  GKeys gk;               // group-scaled integer keys (ScoreGKeys, ScoreGKeysAvx2)
+  SplitKeys sk;           // split keys as int16 (ScoreSplit16, ScoreSplitAvx2)
+  SplitVals sv;           // split values as int16 (AccumSplit16, AccumSplitAvx2)
+  DecodeInfo info;        // kc's rows for the per-element kernels
 };
 
 // One key row's chunk j..j+kL as floats (formats that decode per element).
@@ -611,23 +628,6 @@ inline AScratch& AttnScratch() {
   static thread_local AScratch s;
   return s;
 }
-
-// Scores of rows against tokens [a, b) whose rows decode per element (dense,
-// int8, int-asym): one vector of partial sums per (row, token), reduced kL
-// tokens at a time.
-// Per-row decoding state shared by the per-element kernels.
-struct DecodeInfo {
-  Fmt fmt = Fmt::kF16;
-  size_t group_size = 0;
-  int bits = 0;              // int-asym
-  size_t payload_bytes = 0;  // int-asym
-  const CodecPlan* plan = nullptr;  // MSE
-  const Lut* luts = nullptr;        // MSE
-  // Every vector chunk lies inside one scale group / rotation block.
-  bool vec_ok = true;
-  int gshift = -1;    // int8 / int-asym: log2(group_size) where RowDecoder keeps the scales
-  size_t ngroups = 0;  // ... and the groups a row (the meta holds their scales)
-};
 
 HWY_INLINE DecodeInfo MakeInfo(Fmt fmt, const attn::Comp* c, const Lut* luts) {
   DecodeInfo in;

@@ -18,13 +18,23 @@ void DecodeRows(const CodecPlan& plan, const uint8_t* codes, size_t rows, float*
 void ScoreRows(const CodecPlan& plan, const float* q_rot, const float* q_sketch,
                const uint8_t* codes, size_t rows, float* scores);
 
-// Runs one attention work item (src/attention/internal.h) on the best target.
 }  // namespace tq::cpu
-namespace tq::attn { struct Task; }
+namespace tq {
+enum class AttnKernelSet : uint8_t;  // tq/attention.h
+namespace attn {
+struct Task;
+}
+}  // namespace tq
 namespace tq::cpu {
+// Runs one attention work item (src/attention/internal.h) on the best target.
 void AttnRun(const attn::Task& task);
-// Name of the attention kernel family the dispatcher picks now.
-const char* AttnKernelName();
+// The attention kernels the dispatcher picks now: the target's name (as
+// hwy::TargetName) and its kernel set.
+struct AttnKernelInfo {
+  const char* target;
+  AttnKernelSet set;
+};
+AttnKernelInfo AttnKernels();
 // ref::PrepareQuery and ref::RotateInverse with the SIMD kernels (the same
 // results bit for bit); RotateInverse clobbers y.
 void PrepareQuery(const CodecPlan& plan, const float* q, float* q_rot, float* q_sketch);
