@@ -153,63 +153,108 @@ tq::DType CheckChunk(const PyDeviceLayer& l, const DevArray& k, const DevArray& 
   return dt;
 }
 
-// paged_extend: checks every tensor (device, dtype, rank, shape), plans from
-// the shapes and launches. q, out [total_q, num_q_heads, head_dim];
-// cu_seqlens_q int32 [batch + 1]; block_tables int32 [batch, max_blocks];
-// seq_lens int32 [batch]; workspace uint8 [>= plan's workspace_bytes].
-void PagedExtendCall(const PyDeviceLayer& l, DevArray q, DevArray out, DevArray cu_seqlens_q, DevArray block_tables,
-                     DevArray seq_lens, DevArray workspace, size_t max_q_len, size_t max_seq_len, float scale,
-                     float softcap, size_t window, const std::string& kernel, uintptr_t stream) {
+// The tensors of a paged attention call, checked: q, out [rows,
+// num_q_heads, head_dim] f16/bf16/f32 of the same shape; block_tables int32
+// [batch, max_blocks]; seq_lens int32 [batch]; workspace uint8 [bytes]; all
+// CUDA on the layer's device. `batch_from` names where batch comes from.
+struct AttentionTensors {
+  tq::DType q_dtype, out_dtype;
+  size_t rows, num_q_heads;
+};
+
+AttentionTensors CheckAttention(const PyDeviceLayer& l, const DevArray& q, const DevArray& out,
+                                const DevArray& block_tables, const DevArray& seq_lens, const DevArray& workspace,
+                                size_t batch, const char* batch_from) {
   int dev = l.device;
   CheckCuda(q, "q", 3, &dev);
   CheckCuda(out, "out", 3, &dev);
-  CheckCuda(cu_seqlens_q, "cu_seqlens_q", 1, &dev);
   CheckCuda(block_tables, "block_tables", 2, &dev);
   CheckCuda(seq_lens, "seq_lens", 1, &dev);
   CheckCuda(workspace, "workspace", 1, &dev);
-  const tq::DType qd = FloatDtype(q, "q");
-  const tq::DType od = FloatDtype(out, "out");
-  CheckDtype<int32_t>(cu_seqlens_q, "cu_seqlens_q");
+  AttentionTensors t{FloatDtype(q, "q"), FloatDtype(out, "out"), q.shape(0), q.shape(1)};
   CheckDtype<int32_t>(block_tables, "block_tables");
   CheckDtype<int32_t>(seq_lens, "seq_lens");
   CheckDtype<uint8_t>(workspace, "workspace");
-  const size_t total_q = q.shape(0), hq = q.shape(1), D = l.layer.head_dim();
+  const size_t D = l.layer.head_dim();
   if (q.shape(2) != D) {
     throw nb::value_error(("q: last dimension must be head_dim " + std::to_string(D) + ", got " + ShapeStr(q)).c_str());
   }
-  if (out.shape(0) != total_q || out.shape(1) != hq || out.shape(2) != D) {
+  if (out.shape(0) != t.rows || out.shape(1) != t.num_q_heads || out.shape(2) != D) {
     throw nb::value_error(("out: must have q's shape " + ShapeStr(q) + ", got " + ShapeStr(out)).c_str());
+  }
+  if (block_tables.shape(0) != batch || seq_lens.shape(0) != batch) {
+    throw nb::value_error(("block_tables [batch, max_blocks] and seq_lens [batch] must have " +
+                           std::string(batch_from) + " batch " + std::to_string(batch) + ", got " +
+                           ShapeStr(block_tables) + " and " + ShapeStr(seq_lens)).c_str());
+  }
+  return t;
+}
+
+// Fills the fields DecodeArgs and ExtendArgs share from checked tensors.
+template <class Args>
+void FillShared(Args* a, const DevArray& q, const DevArray& out, const AttentionTensors& t, size_t batch,
+                const DevArray& block_tables, const DevArray& seq_lens, const DevArray& workspace, size_t max_seq_len,
+                float scale, size_t window) {
+  a->q = q.data();
+  a->q_dtype = t.q_dtype;
+  a->out = out.data();
+  a->out_dtype = t.out_dtype;
+  a->batch = batch;
+  a->num_q_heads = t.num_q_heads;
+  a->block_tables = static_cast<const int32_t*>(block_tables.data());
+  a->max_blocks_per_seq = block_tables.shape(1);
+  a->seq_lens = static_cast<const int32_t*>(seq_lens.data());
+  a->max_seq_len = max_seq_len;
+  a->scale = scale;
+  a->window = window;
+  a->workspace = workspace.data();
+  a->workspace_bytes = workspace.shape(0);
+}
+
+// paged_decode: q, out [batch, num_q_heads, head_dim]; plans from the shapes and launches.
+void PagedDecodeCall(const PyDeviceLayer& l, DevArray q, DevArray out, DevArray block_tables, DevArray seq_lens,
+                     DevArray workspace, size_t max_seq_len, float scale, size_t window, uintptr_t stream) {
+  {
+    int dev = l.device;
+    CheckCuda(q, "q", 3, &dev);
+  }
+  const size_t batch = q.shape(0);
+  const AttentionTensors t = CheckAttention(l, q, out, block_tables, seq_lens, workspace, batch, "q's");
+  const tq::cuda::DecodePlan plan = Take(l.layer.PlanDecode(batch, t.num_q_heads, max_seq_len));
+  tq::cuda::DecodeArgs a;
+  FillShared(&a, q, out, t, batch, block_tables, seq_lens, workspace, max_seq_len, scale, window);
+  a.plan = &plan;
+  tq::Status s;
+  {
+    nb::gil_scoped_release release;
+    s = l.layer.PagedDecode(a, StreamPtr(stream));
+  }
+  Check(s);
+}
+
+// paged_extend: q, out [total_q, num_q_heads, head_dim] ragged by
+// cu_seqlens_q int32 [batch + 1]; plans from the shapes and launches.
+void PagedExtendCall(const PyDeviceLayer& l, DevArray q, DevArray out, DevArray cu_seqlens_q, DevArray block_tables,
+                     DevArray seq_lens, DevArray workspace, size_t max_q_len, size_t max_seq_len, float scale,
+                     float softcap, size_t window, const std::string& kernel, uintptr_t stream) {
+  {
+    int dev = l.device;
+    CheckCuda(cu_seqlens_q, "cu_seqlens_q", 1, &dev);
+    CheckDtype<int32_t>(cu_seqlens_q, "cu_seqlens_q");
   }
   if (cu_seqlens_q.shape(0) < 2) {
     throw nb::value_error(("cu_seqlens_q: must be [batch + 1] with batch >= 1, got " + ShapeStr(cu_seqlens_q)).c_str());
   }
   const size_t batch = cu_seqlens_q.shape(0) - 1;
-  if (block_tables.shape(0) != batch || seq_lens.shape(0) != batch) {
-    throw nb::value_error(("block_tables [batch, max_blocks] and seq_lens [batch] must have cu_seqlens_q's batch " +
-                           std::to_string(batch) + ", got " + ShapeStr(block_tables) + " and " +
-                           ShapeStr(seq_lens)).c_str());
-  }
-  const tq::cuda::ExtendKernel k = ParseKernel(kernel);
-  const tq::cuda::ExtendPlan plan = Take(l.layer.PlanExtend(batch, hq, total_q, max_q_len, max_seq_len, k));
+  const AttentionTensors t = CheckAttention(l, q, out, block_tables, seq_lens, workspace, batch, "cu_seqlens_q's");
+  const tq::cuda::ExtendPlan plan =
+      Take(l.layer.PlanExtend(batch, t.num_q_heads, t.rows, max_q_len, max_seq_len, ParseKernel(kernel)));
   tq::cuda::ExtendArgs a;
-  a.q = q.data();
-  a.q_dtype = qd;
-  a.out = out.data();
-  a.out_dtype = od;
-  a.batch = batch;
-  a.num_q_heads = hq;
+  FillShared(&a, q, out, t, batch, block_tables, seq_lens, workspace, max_seq_len, scale, window);
   a.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.data());
-  a.total_q = total_q;
+  a.total_q = t.rows;
   a.max_q_len = max_q_len;
-  a.block_tables = static_cast<const int32_t*>(block_tables.data());
-  a.max_blocks_per_seq = block_tables.shape(1);
-  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
-  a.max_seq_len = max_seq_len;
-  a.scale = scale;
   a.softcap = softcap;
-  a.window = window;
-  a.workspace = workspace.data();
-  a.workspace_bytes = workspace.shape(0);
   a.plan = &plan;
   tq::Status s;
   {
@@ -347,58 +392,7 @@ void BindCuda(nb::module_& m) {
             return PlanDict(Take(l.layer.PlanDecode(batch, num_q_heads, max_seq_len)));
           },
           "batch"_a, "num_q_heads"_a, "max_seq_len"_a)
-      .def(
-          "paged_decode",
-          [](const PyDeviceLayer& l, DevArray q, DevArray out, DevArray block_tables, DevArray seq_lens,
-             DevArray workspace, size_t max_seq_len, float scale, size_t window, uintptr_t stream) {
-            int dev = l.device;
-            CheckCuda(q, "q", 3, &dev);
-            CheckCuda(out, "out", 3, &dev);
-            CheckCuda(block_tables, "block_tables", 2, &dev);
-            CheckCuda(seq_lens, "seq_lens", 1, &dev);
-            CheckCuda(workspace, "workspace", 1, &dev);
-            const tq::DType qd = FloatDtype(q, "q");
-            const tq::DType od = FloatDtype(out, "out");
-            CheckDtype<int32_t>(block_tables, "block_tables");
-            CheckDtype<int32_t>(seq_lens, "seq_lens");
-            CheckDtype<uint8_t>(workspace, "workspace");
-            const size_t batch = q.shape(0), hq = q.shape(1), D = l.layer.head_dim();
-            if (q.shape(2) != D) {
-              throw nb::value_error(("q: last dimension must be head_dim " + std::to_string(D) + ", got " +
-                                     ShapeStr(q)).c_str());
-            }
-            if (out.shape(0) != batch || out.shape(1) != hq || out.shape(2) != D) {
-              throw nb::value_error(("out: must have q's shape " + ShapeStr(q) + ", got " + ShapeStr(out)).c_str());
-            }
-            if (block_tables.shape(0) != batch || seq_lens.shape(0) != batch) {
-              throw nb::value_error(("block_tables [batch, max_blocks] and seq_lens [batch] must have q's batch " +
-                                     std::to_string(batch) + ", got " + ShapeStr(block_tables) + " and " +
-                                     ShapeStr(seq_lens)).c_str());
-            }
-            const tq::cuda::DecodePlan plan = Take(l.layer.PlanDecode(batch, hq, max_seq_len));
-            tq::cuda::DecodeArgs a;
-            a.q = q.data();
-            a.q_dtype = qd;
-            a.out = out.data();
-            a.out_dtype = od;
-            a.batch = batch;
-            a.num_q_heads = hq;
-            a.block_tables = static_cast<const int32_t*>(block_tables.data());
-            a.max_blocks_per_seq = block_tables.shape(1);
-            a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
-            a.max_seq_len = max_seq_len;
-            a.scale = scale;
-            a.window = window;
-            a.workspace = workspace.data();
-            a.workspace_bytes = workspace.shape(0);
-            a.plan = &plan;
-            tq::Status s;
-            {
-              nb::gil_scoped_release release;
-              s = l.layer.PagedDecode(a, StreamPtr(stream));
-            }
-            Check(s);
-          },
+      .def("paged_decode", &PagedDecodeCall,
           "q"_a, "out"_a, "block_tables"_a, "seq_lens"_a, "workspace"_a, nb::kw_only(), "max_seq_len"_a,
           "scale"_a = 0.0f, "window"_a = 0, "stream"_a = 0,
           "Fused paged decode: q, out [batch, num_q_heads, head_dim] f16/bf16/f32 CUDA; block_tables int32 "

@@ -31,6 +31,20 @@ def make_model(arch, seed=0, init=0.05):
     return model.eval()
 
 
+def make_gemma2():
+    """Gemma2: logit soft-cap 1.0, sliding window 16 on layer 0 (layers
+    alternate sliding and full), query_pre_attn_scalar scaling; head_dim 64."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=16,
+                       attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                       initializer_range=0.1)
+    model = Gemma2ForCausalLM(cfg).eval()
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    return model
+
+
 def kvcfg(preset, **kw):
     base = dict(preset=preset, recent_window=8, sink_tokens=4, compress_chunk=8)
     base.update(kw)

@@ -15,7 +15,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from turboquant.integration import hf  # noqa: E402
 from turboquant.integration.common import IntegrationError, KVQuantConfig  # noqa: E402
-from hf_runs import run_cuts  # noqa: E402  (tests/hf_runs.py)
+from hf_runs import make_gemma2, run_cuts  # noqa: E402  (tests/hf_runs.py)
 from test_cuda import GPU, _model  # noqa: E402  (fp16 Llama: head_dim 128, 8/2 heads)
 
 pytestmark = pytest.mark.skipif(not GPU, reason="needs a CUDA device and the package built with the CUDA backend")
@@ -110,13 +110,7 @@ def test_softcap_and_sliding_window_through_extend():
     """Gemma2 (soft-cap 1.0, window 16 on layer 0; fp32) in two chunks and
     decodes vs eager DynamicCache; soft-capped, every step runs the extend
     kernel. Soft-cap with centred keys is refused at construction."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-    torch.manual_seed(0)
-    cfg = Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=16,
-                       attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
-                       initializer_range=0.1)
-    model = Gemma2ForCausalLM(cfg).cuda().eval()
+    model = make_gemma2().cuda()
     ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(9)).cuda()
     cuts = [0, 24, 50, 51, 52, 60]
     model.set_attn_implementation("eager")

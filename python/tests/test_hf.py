@@ -16,7 +16,7 @@ from turboquant.integration.common import (  # noqa: E402
     KVQuantConfig,
     ProductionModeError,
 )
-from hf_runs import kvcfg, make_model, padded_vs_alone  # noqa: E402  (tests/hf_runs.py)
+from hf_runs import kvcfg, make_gemma2, make_model, padded_vs_alone  # noqa: E402  (tests/hf_runs.py)
 
 
 def run_steps(model, ids, cache, steps):
@@ -233,14 +233,7 @@ def test_softcap_sliding_window_and_scaling_reach_the_kernels():
     """Gemma2: logit soft-cap, alternating sliding-window layers (window 16 <
     60 tokens) and query_pre_attn_scalar scaling; fp16 storage must equal
     eager attention, so each option must reach tq::Prefill/DecodeAttention."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-    torch.manual_seed(0)
-    cfg = Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=16,
-                       attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
-                       initializer_range=0.1)
-    model = Gemma2ForCausalLM(cfg).eval()
-    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    model = make_gemma2()
     ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(9))
     model.set_attn_implementation("eager")
     with torch.no_grad():

@@ -14,7 +14,7 @@ from transformers import DynamicCache  # noqa: E402
 from turboquant.integration import hf  # noqa: E402
 from turboquant.integration.common import IntegrationError, KVQuantConfig  # noqa: E402
 from turboquant.integration.hf_cuda import PagedRoute  # noqa: E402
-from hf_runs import make_model, padded_vs_alone, run_cuts  # noqa: E402  (tests/hf_runs.py)
+from hf_runs import make_gemma2, make_model, padded_vs_alone, run_cuts  # noqa: E402  (tests/hf_runs.py)
 from paged_reference import ReferencePagedLayer  # noqa: E402  (tests/paged_reference.py)
 
 
@@ -142,13 +142,7 @@ def test_softcap_and_sliding_window_reach_the_kernels():
     """Gemma2 (soft-cap 1.0, sliding window 16 on layer 0) in two chunks and
     decodes: equal to eager attention, so both options reach extend/decode;
     soft-cap with centred keys is refused (the GPU kernels cannot do it)."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-    torch.manual_seed(0)
-    cfg = Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=16,
-                       attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
-                       initializer_range=0.1)
-    model = Gemma2ForCausalLM(cfg).eval()
+    model = make_gemma2()
     ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(9))
     cuts = [0, 24, 50, 51, 52, 60]
     model.set_attn_implementation("eager")
