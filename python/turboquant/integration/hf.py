@@ -39,6 +39,7 @@ from __future__ import annotations
 import inspect
 import re
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -363,11 +364,11 @@ class TurboQuantCache(Cache):
         of a forward gets the same mask tensor."""
         key = (history, q_len, window, tuple(layer._pads))
         memo = self._mask_memo
-        if memo is not None and mask is not None and memo[0] is mask and memo[1] == key:
+        if memo is not None and mask is not None and memo[0]() is mask and memo[1] == key:
             return memo[2]
         layout = chunk_layout(mask, b, q_len, history, window, layer._pads)
-        if mask is not None:
-            self._mask_memo = (mask, key, layout)
+        if mask is not None:  # a weak reference: the cache never keeps a step's mask alive
+            self._mask_memo = (weakref.ref(mask), key, layout)
         return layout
 
     def _attend(self, handle: _KVHandle, query, mask, scale: float, softcap: float, window: int):
