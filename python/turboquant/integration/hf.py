@@ -255,6 +255,7 @@ class TurboQuantLayer(CacheLayerMixin):
             raise IntegrationError(
                 "TurboQuantCache on the CPU cannot crop (its compressed history is append-only); assisted "
                 "generation and other rollbacks need TurboQuantCache(device='cuda', ...)")
+        tokens_to_remove = int(tokens_to_remove)  # transformers may pass a 0-d tensor
         if tokens_to_remove > 0:
             raise IntegrationError(
                 f"crop({tokens_to_remove}): pass a negative count of positions to remove (or 0), as transformers "
