@@ -188,8 +188,9 @@ class TurboQuantLayer(CacheLayerMixin):
         owner = self._owner
         if self._pending is not None:
             raise IntegrationError(
-                f"layer {self.layer_idx}: updated twice without attention in between: TurboQuantCache stores "
-                "K/V in the 'turboquant' attention function (it needs the mask), so the model must use it")
+                f"layer {self.layer_idx}: the previous update was never attended: TurboQuantCache stores K/V in "
+                "the 'turboquant' attention function (it needs the mask), so the model must use it; if that "
+                "attention raised, reset() the cache")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         b, h, t, d = key_states.shape
