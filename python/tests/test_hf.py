@@ -171,6 +171,13 @@ def test_production_route_refuses_to_densify():
             cache.crop(-2)
     with pytest.raises(ProductionModeError):
         hf.TurboQuantCache(model.config, kv_config=KVQuantConfig(preset="kp4_v4", production=True))
+    # another attention implementation never stores the K/V: the next step says so
+    model.set_attn_implementation("sdpa")
+    cache = hf.TurboQuantCache(model.config, kv_config=kvcfg("k4_v4"))
+    with torch.no_grad():
+        model(ids, **{hf.cache_kwarg(model): cache})
+        with pytest.raises(IntegrationError, match="never attended"):
+            model(ids[:, :1], **{hf.cache_kwarg(model): cache})
 
 
 def test_per_layer_policy_from_config():
