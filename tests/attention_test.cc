@@ -160,21 +160,10 @@ size_t PieceSize(size_t step) {
   return kPieces[step % (sizeof(kPieces) / sizeof(kPieces[0]))];
 }
 
-KVPolicy PolicyOn() {
-  KVPolicy p;
-  p.sink_tokens = 4;
-  p.recent_window = 16;
-  p.compress_chunk = 7;
-  return p;
-}
-
-KVPolicy PolicyOff() {
-  KVPolicy p;
-  p.sink_tokens = 0;
-  p.recent_window = 0;
-  p.compress_chunk = 1;
-  return p;
-}
+// Dense sinks and recent window, history encoded 7 tokens at a time; or
+// every token compressed as it comes.
+KVPolicy PolicyOn() { return {.recent_window = 16, .sink_tokens = 4, .compress_chunk = 7}; }
+KVPolicy PolicyOff() { return {.recent_window = 0, .sink_tokens = 0, .compress_chunk = 1}; }
 
 // A one-layer KVCache with one sequence per entry of `lengths`, its views and
 // each sequence's decoded K/V.

@@ -638,6 +638,14 @@ Status BuildKVHeads(const KVLayerView& view, size_t b, std::vector<std::unique_p
   return Status::Ok();
 }
 
+// Runs pb (heads and positions built) on the queries q, results into out.
+Status Run(std::span<const float> q, std::span<float> out, const AttentionOptions& opt,
+           AttentionReport* report, Problem* pb) {
+  pb->q = q.data();
+  pb->out = out.data();
+  return Run(*pb, opt, report);
+}
+
 Fmt DenseFmtOf(Half16 h) { return h == Half16::kF16 ? Fmt::kF16 : Fmt::kBF16; }
 
 }  // namespace
@@ -704,9 +712,7 @@ Status DecodeAttention(std::span<const KVLayerView> views, size_t num_q_heads,
     TQ_RETURN_IF_ERROR(BuildKVHeads(views[b], b, &comps, &pb));
     pb.qpos0.push_back(views[b].length() - 1);
   }
-  pb.q = q.data();
-  pb.out = out.data();
-  return Run(pb, options, report);
+  return Run(q, out, options, report, &pb);
 }
 
 Status PrefillAttention(const KVLayerView& view, size_t num_q_heads, size_t query_start,
@@ -727,9 +733,7 @@ Status PrefillAttention(const KVLayerView& view, size_t num_q_heads, size_t quer
   std::vector<std::unique_ptr<Comp>> comps;
   TQ_RETURN_IF_ERROR(BuildKVHeads(view, 0, &comps, &pb));
   pb.qpos0.push_back(query_start);
-  pb.q = q.data();
-  pb.out = out.data();
-  return Run(pb, options, report);
+  return Run(q, out, options, report, &pb);
 }
 
 Status PagedDecodeAttention(const PagedLayerView& view, size_t num_q_heads,
@@ -812,9 +816,7 @@ Status PagedDecodeAttention(const PagedLayerView& view, size_t num_q_heads,
     }
     pb.qpos0.push_back(static_cast<size_t>(len) - 1);
   }
-  pb.q = q.data();
-  pb.out = out.data();
-  return Run(pb, options, report);
+  return Run(q, out, options, report, &pb);
 }
 
 namespace {
@@ -876,9 +878,7 @@ Status DenseDecodeAttention(std::span<const DenseKVView> seqs, size_t num_q_head
     TQ_RETURN_IF_ERROR(BuildDense(seqs[b], b, &pb, "DenseDecodeAttention"));
     pb.qpos0.push_back(seqs[b].tokens - 1);
   }
-  pb.q = q.data();
-  pb.out = out.data();
-  return Run(pb, options, report);
+  return Run(q, out, options, report, &pb);
 }
 
 Status DensePrefillAttention(const DenseKVView& kv, size_t num_q_heads, size_t query_start,
@@ -892,9 +892,7 @@ Status DensePrefillAttention(const DenseKVView& kv, size_t num_q_heads, size_t q
   Problem pb = MakeProblem(1, H, num_q_heads, d, n, DenseFmt(kv.dtype));
   TQ_RETURN_IF_ERROR(BuildDense(kv, 0, &pb, "DensePrefillAttention"));
   pb.qpos0.push_back(query_start);
-  pb.q = q.data();
-  pb.out = out.data();
-  return Run(pb, options, report);
+  return Run(q, out, options, report, &pb);
 }
 
 }  // namespace tq

@@ -686,8 +686,8 @@ inline bool BuildSplitKeysAvx2(const attn::Comp* c, size_t d, SplitKeys* k) {
     const size_t bb = static_cast<size_t>(pc.bits);
     uint16_t u[16];
     for (size_t v = 0; v < (size_t{1} << bb); ++v) u[v] = SplitCent16(pc.cent, pc.cs, v);
-    Avx2Piece(pc.byte, bb, k->rowbytes, u, &k->win[p], k->pcnt[p], &k->pperm[p][0][0], &k->pmul[p][0][0],
-              k->ptlo[p], k->pthi[p]);
+    Avx2Piece(pc.byte, bb, k->rowbytes, u, &k->win[p], k->pieces.cnt[p], &k->pieces.perm[p][0][0], &k->pieces.mul[p][0][0],
+              k->pieces.tlo[p], k->pieces.thi[p]);
     k->pshift[p] = static_cast<uint8_t>(bb <= 2 ? bb : 0);
     k->pbyte[p] = static_cast<uint16_t>(pc.byte);
     for (size_t h = 0; h < 2; ++h) {
@@ -787,10 +787,10 @@ HWY_NOINLINE void ScoreSplitAvx2(const KeyCtx& ctx, const attn::Seg& s, size_t a
                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
                                   _mm256_set1_epi8(1));
           } else {
-            ix = PieceIdxAvx2(row, kb->win[p], kb->pcnt[p], kb->pperm[p], kb->pmul[p]);
+            ix = PieceIdxAvx2(row, kb->win[p], kb->pieces.cnt[p], kb->pieces.perm[p], kb->pieces.mul[p]);
           }
-          const __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->ptlo[p])), ix);
-          const __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->pthi[p])), ix);
+          const __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->pieces.tlo[p])), ix);
+          const __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(kb->pieces.thi[p])), ix);
           const __m256i rv = _mm256_set1_epi16(rat[p][tt]);
           const __m256i k0 = _mm256_mulhrs_epi16(_mm256_unpacklo_epi8(lo, hi), rv);
           const __m256i k1 = _mm256_mulhrs_epi16(_mm256_unpackhi_epi8(lo, hi), rv);
@@ -831,8 +831,8 @@ inline bool BuildSplitValsAvx2(const attn::Comp* c, size_t d, SplitVals* v) {
   for (size_t p = 0; p < 4; ++p) {
     uint16_t u[16];
     for (size_t e = 0; e < (size_t{1} << pcs[p].bits); ++e) u[e] = SplitCent16(pcs[p].cent, v->cs[v->term[p]], e);
-    Avx2Piece(pcs[p].byte, pcs[p].bits, v->rowbytes, u, &v->win[p], v->pcnt[p], &v->pperm[p][0][0],
-              &v->pmul[p][0][0], v->ptlo[p], v->pthi[p]);
+    Avx2Piece(pcs[p].byte, pcs[p].bits, v->rowbytes, u, &v->win[p], v->pieces.cnt[p], &v->pieces.perm[p][0][0],
+              &v->pieces.mul[p][0][0], v->pieces.tlo[p], v->pieces.thi[p]);
   }
   v->on = true;
   return true;
@@ -863,16 +863,16 @@ HWY_NOINLINE void AccumSplitAvx2(const KeyCtx& vctx, const attn::Seg& s, size_t 
     const uint8_t* rb = rows[2 * p + 1];
     HWY_UNROLL(4)
     for (size_t pc = 0; pc < 4; ++pc) {
-      const __m256i ia = PieceIdxAvx2(ra, v.win[pc], v.pcnt[pc], v.pperm[pc], v.pmul[pc]);
-      const __m256i ib = PieceIdxAvx2(rb, v.win[pc], v.pcnt[pc], v.pperm[pc], v.pmul[pc]);
+      const __m256i ia = PieceIdxAvx2(ra, v.win[pc], v.pieces.cnt[pc], v.pieces.perm[pc], v.pieces.mul[pc]);
+      const __m256i ib = PieceIdxAvx2(rb, v.win[pc], v.pieces.cnt[pc], v.pieces.perm[pc], v.pieces.mul[pc]);
       _mm256_store_si256(reinterpret_cast<__m256i*>(X[pc][0][p]), _mm256_unpacklo_epi8(ia, ib));
       _mm256_store_si256(reinterpret_cast<__m256i*>(X[pc][1][p]), _mm256_unpackhi_epi8(ia, ib));
     }
   }
   for (size_t pc = 0; pc < 4; ++pc) {
     const size_t tm = v.term[pc];
-    const __m256i tlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(v.ptlo[pc]));
-    const __m256i thi = _mm256_load_si256(reinterpret_cast<const __m256i*>(v.pthi[pc]));
+    const __m256i tlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(v.pieces.tlo[pc]));
+    const __m256i thi = _mm256_load_si256(reinterpret_cast<const __m256i*>(v.pieces.thi[pc]));
     for (size_t h = 0; h < 2; ++h) {
       __m256i acc[NR][2];
       HWY_UNROLL(4)

@@ -167,29 +167,32 @@ void KeysDecoded(const KeyCtx& ctx, const attn::Seg& s, size_t a, size_t b, attn
   const DecodeInfo info = Q == KeyQuery::kDense ? MakeInfo(F, nullptr, nullptr) : ctx.info;
   ScoreDecodedT<F, NR>(info, s, a, b, ctx.task->d, q, koff, lg, scr);
 }
-// The fp32 key kernel of rows of format f (a dense, int8 or int-asym
-// format): dense rows whole where whole vectors tile them, else decoded
-// per element.
+// Calls pick(F) with F the std::integral_constant of row format f, one of
+// the formats decoded per element (dense, int8, int-asym), and returns its
+// kernel; any other format: none.
+template <class Fn, class Pick>
+HWY_INLINE Fn ForDecodedFormat(Fmt f, Fn none, const Pick& pick) {
+  switch (f) {
+    case Fmt::kF16: return pick(std::integral_constant<Fmt, Fmt::kF16>());
+    case Fmt::kBF16: return pick(std::integral_constant<Fmt, Fmt::kBF16>());
+    case Fmt::kF32: return pick(std::integral_constant<Fmt, Fmt::kF32>());
+    case Fmt::kInt8: return pick(std::integral_constant<Fmt, Fmt::kInt8>());
+    case Fmt::kIntAsym: return pick(std::integral_constant<Fmt, Fmt::kIntAsym>());
+    default: return none;
+  }
+}
+constexpr bool IsDenseFmt(Fmt f) { return f == Fmt::kF16 || f == Fmt::kBF16 || f == Fmt::kF32; }
+
+// The fp32 key kernel of rows of format f: dense rows whole where whole
+// vectors tile them, else decoded per element.
 template <size_t NR, KeyQuery Q>
 KeyFn DecodedKeys(Fmt f, size_t d) {
-  if constexpr (HWY_TARGET != HWY_SCALAR) {
-    if (d % kL == 0 && kL % 2 == 0) {
-      switch (f) {
-        case Fmt::kF16: return &KeysDenseRows<Fmt::kF16, NR, Q>;
-        case Fmt::kBF16: return &KeysDenseRows<Fmt::kBF16, NR, Q>;
-        case Fmt::kF32: return &KeysDenseRows<Fmt::kF32, NR, Q>;
-        default: break;
-      }
+  return ForDecodedFormat<KeyFn>(f, &NoKeys, [&](auto F) -> KeyFn {
+    if constexpr (HWY_TARGET != HWY_SCALAR && IsDenseFmt(F())) {
+      if (d % kL == 0 && kL % 2 == 0) return &KeysDenseRows<F(), NR, Q>;
     }
-  }
-  switch (f) {
-    case Fmt::kF16: return &KeysDecoded<Fmt::kF16, NR, Q>;
-    case Fmt::kBF16: return &KeysDecoded<Fmt::kBF16, NR, Q>;
-    case Fmt::kF32: return &KeysDecoded<Fmt::kF32, NR, Q>;
-    case Fmt::kInt8: return &KeysDecoded<Fmt::kInt8, NR, Q>;
-    case Fmt::kIntAsym: return &KeysDecoded<Fmt::kIntAsym, NR, Q>;
-    default: return &NoKeys;
-  }
+    return &KeysDecoded<F(), NR, Q>;
+  });
 }
 
 // Centroids of the indices in iv (int32 lanes).
@@ -657,24 +660,12 @@ void ValuesDecoded(const KeyCtx& vctx, const attn::Seg& s, size_t a, size_t b, a
 // (k16/bf16/f32 presets): rows in order, as the keys do.
 template <size_t NR, bool kDense>
 ValueFn DecodedValues(Fmt f, size_t d) {
-  if constexpr (HWY_TARGET != HWY_SCALAR) {
-    if (d % kL == 0) {
-      switch (f) {
-        case Fmt::kF16: return &ValuesDenseRows<Fmt::kF16, NR>;
-        case Fmt::kBF16: return &ValuesDenseRows<Fmt::kBF16, NR>;
-        case Fmt::kF32: return &ValuesDenseRows<Fmt::kF32, NR>;
-        default: break;
-      }
+  return ForDecodedFormat<ValueFn>(f, &NoValues, [&](auto F) -> ValueFn {
+    if constexpr (HWY_TARGET != HWY_SCALAR && IsDenseFmt(F())) {
+      if (d % kL == 0) return &ValuesDenseRows<F(), NR>;
     }
-  }
-  switch (f) {
-    case Fmt::kF16: return &ValuesDecoded<Fmt::kF16, NR, kDense>;
-    case Fmt::kBF16: return &ValuesDecoded<Fmt::kBF16, NR, kDense>;
-    case Fmt::kF32: return &ValuesDecoded<Fmt::kF32, NR, kDense>;
-    case Fmt::kInt8: return &ValuesDecoded<Fmt::kInt8, NR, kDense>;
-    case Fmt::kIntAsym: return &ValuesDecoded<Fmt::kIntAsym, NR, kDense>;
-    default: return &NoValues;
-  }
+    return &ValuesDecoded<F(), NR, kDense>;
+  });
 }
 
 // Fast MSE values: accumulators in the rotated domain, permuted so that

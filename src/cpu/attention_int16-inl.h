@@ -399,6 +399,30 @@ HWY_INLINE hn::Vec<B8> IdxChunkAvx2(const uint8_t* row, size_t nbytes, size_t c,
 }
 #endif
 
+// The generic integer kernels' reading of 2- and 3-bit rows in registers
+// (I16Book::inreg): TQ_IDX_CHUNK_CONSTANTS(z) declares the constants of
+// book z's chunk expansion, TQ_IDX_CHUNK(z, row, nbytes, c) is the index
+// bytes of chunk c of a row (IdxChunkVbmi, IdxChunkAvx2). Other targets
+// unpack rows to bytes first (kInRegCodes false; TQ_IDX_CHUNK reads chunk
+// c of such a row).
+#undef TQ_IDX_CHUNK_CONSTANTS
+#undef TQ_IDX_CHUNK
+#if HWY_TARGET == HWY_AVX3_DL
+constexpr bool kInRegCodes = true;
+#define TQ_IDX_CHUNK_CONSTANTS(z)                                                            \
+  const __m512i vperm = _mm512_load_si512((z).perm), vctrl = _mm512_load_si512((z).ctrl); \
+  const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << (z).bits) - 1))
+#define TQ_IDX_CHUNK(z, row, nbytes, c) IdxChunkVbmi(row, nbytes, c, (z).bits, vperm, vctrl, vmask)
+#elif HWY_TARGET == HWY_AVX2
+constexpr bool kInRegCodes = true;
+#define TQ_IDX_CHUNK_CONSTANTS(z) const __m128i vshift = _mm_cvtsi32_si128(16 - (z).bits)
+#define TQ_IDX_CHUNK(z, row, nbytes, c) IdxChunkAvx2(row, nbytes, c, z, vshift)
+#else
+constexpr bool kInRegCodes = false;
+#define TQ_IDX_CHUNK_CONSTANTS(z) static_assert(true, "rows unpacked to bytes")
+#define TQ_IDX_CHUNK(z, row, nbytes, c) hn::LoadU(B8(), (row) + (c) * kN8)
+#endif
+
 // acc += pairwise products of a and b (int16 -> int32).
 template <bool kVnni>
 HWY_INLINE hn::Vec<B32> MulAcc16(hn::Vec<B16> a, hn::Vec<B16> b, hn::Vec<B32> acc,
@@ -532,13 +556,7 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
   const bool unpack = !z.nib && !z.inreg;
   const bool vec_scales = plan.scale_f16 && s.km_stride == 2;
   if (unpack) scr.tile.resize(kL * ulen + 64);
-#if HWY_TARGET == HWY_AVX3_DL
-  const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
-  const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << z.bits) - 1));
-#endif
-#if HWY_TARGET == HWY_AVX2
-  const __m128i vshift = _mm_cvtsi32_si128(16 - z.bits);
-#endif
+  TQ_IDX_CHUNK_CONSTANTS(z);
   HWY_ALIGN AV parts[NR][kL];
   const bool fol = Follows(s, b);
   for (size_t t0 = a; t0 < b; t0 += kL) {
@@ -611,20 +629,15 @@ HWY_NOINLINE void ScoreMse16(const KeyCtx& ctx, const attn::Seg& s, size_t a, si
           TQ_I16_KEYS(c2, c3, o + 2 * kN16, o + 3 * kN16)
         }
       } else if (!unpack) {
-#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
-        const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
-        for (size_t c = 0; c < z.nch; ++c) {
-          hn::Vec<B16> c0, c1;
-#if HWY_TARGET == HWY_AVX3_DL
-          Centroids16(tlo, thi, IdxChunkVbmi(row, plan.index_bytes, c, z.bits, vperm, vctrl, vmask),
-                      &c0, &c1);
-#else
-          Centroids16(tlo, thi, IdxChunkAvx2(row, plan.index_bytes, c, z, vshift), &c0, &c1);
-#endif
-          const size_t o = 2 * c * kN16;
-          TQ_I16_KEYS(c0, c1, o, o + kN16)
+        if constexpr (kInRegCodes) {
+          const uint8_t* row = s.k + (t0 + tt) * s.k_stride;
+          for (size_t c = 0; c < z.nch; ++c) {
+            hn::Vec<B16> c0, c1;
+            Centroids16(tlo, thi, TQ_IDX_CHUNK(z, row, plan.index_bytes, c), &c0, &c1);
+            const size_t o = 2 * c * kN16;
+            TQ_I16_KEYS(c0, c1, o, o + kN16)
+          }
         }
-#endif
       } else {
         const uint8_t* idx = scr.tile.data() + tt * ulen;
         for (size_t c = 0; c < z.nch; ++c) {

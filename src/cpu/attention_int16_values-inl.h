@@ -166,13 +166,7 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, 
   const auto tlo = hn::LoadDup128(d8, z.lo);
   const auto thi = hn::LoadDup128(d8, z.hi);
   const auto m4 = hn::Set(d8, uint8_t{0x0F});
-#if HWY_TARGET == HWY_AVX3_DL
-  const __m512i vperm = _mm512_load_si512(z.perm), vctrl = _mm512_load_si512(z.ctrl);
-  const __m512i vmask = _mm512_set1_epi8(static_cast<char>((1 << z.bits) - 1));
-#endif
-#if HWY_TARGET == HWY_AVX2
-  const __m128i vshift = _mm_cvtsi32_si128(16 - z.bits);
-#endif
+  TQ_IDX_CHUNK_CONSTANTS(z);
   const int16_t* wps[NR];
   HWY_UNROLL(4)
   for (size_t r = 0; r < NR; ++r) wps[r] = w16[r];
@@ -207,16 +201,8 @@ HWY_NOINLINE void AccumMse16(const KeyCtx& vctx, const SegPart* sp, size_t nsp, 
     } else {
       const size_t c = pass;
       for (size_t p = 0; p < npairs; ++p) {
-#if HWY_TARGET == HWY_AVX3_DL
-        const auto ia = IdxChunkVbmi(rows[2 * p], nb, c, z.bits, vperm, vctrl, vmask);
-        const auto ib = IdxChunkVbmi(rows[2 * p + 1], nb, c, z.bits, vperm, vctrl, vmask);
-#elif HWY_TARGET == HWY_AVX2
-        const auto ia = IdxChunkAvx2(rows[2 * p], nb, c, z, vshift);
-        const auto ib = IdxChunkAvx2(rows[2 * p + 1], nb, c, z, vshift);
-#else
-        const auto ia = hn::LoadU(d8, rows[2 * p] + c * kN8);
-        const auto ib = hn::LoadU(d8, rows[2 * p + 1] + c * kN8);
-#endif
+        const auto ia = TQ_IDX_CHUNK(z, rows[2 * p], nb, c);
+        const auto ib = TQ_IDX_CHUNK(z, rows[2 * p + 1], nb, c);
         hn::Vec<B16> cv[4];
         Centroids16(tlo, thi, hn::InterleaveLower(d8, ia, ib), &cv[0], &cv[1]);
         Centroids16(tlo, thi, hn::InterleaveUpper(d8, ia, ib), &cv[2], &cv[3]);

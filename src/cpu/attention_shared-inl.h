@@ -412,6 +412,18 @@ struct GKeys {
   long qmax = 0;
 };
 
+// The AVX2 split kernels' tables of N pieces of 32 codes (Avx2Piece): per
+// piece its shift count (16 - bits), chunk shuffles and multipliers
+// (Avx2ChunkShuffles), and int16 centroids' low and high bytes.
+template <size_t N>
+struct Avx2Pieces {
+  HWY_ALIGN uint64_t cnt[N][2] = {};
+  HWY_ALIGN uint8_t perm[N][2][32];
+  HWY_ALIGN int16_t mul[N][2][16];
+  HWY_ALIGN uint8_t tlo[N][32];
+  HWY_ALIGN uint8_t thi[N][32];
+};
+
 // Split keys (turboquant25/35) as int16 dot products on AVX3_DL with VNNI
 // (ScoreSplit16) and on AVX2 at head_dim 128 (ScoreSplitAvx2): the layout
 // of one split row for the kernel, built per task (BuildSplitKeys,
@@ -430,9 +442,8 @@ struct SplitKeys {
   long qmax = 0;
   float lambda[2] = {1.0f, 1.0f};  // sketch weight in the extended query, per group
   uint16_t tbyte[8] = {};          // row byte of each term's fp16 value
-  // AVX2, per MSE piece: the row byte its 16-byte window starts at, its
-  // shift count (16 - bits), chunk shuffles and multipliers
-  // (Avx2ChunkShuffles), and int16 centroids' low and high bytes.
+  // AVX2, per MSE piece: the row byte its 16-byte window starts at (its
+  // tables in pieces).
   uint16_t win[8] = {};
   // AVX2 ratio slots: slot p < np is MSE piece p's scale term, slots np ..
   // np + 3 the QJL terms (+V of each group, then -V): per slot its term.
@@ -441,11 +452,7 @@ struct SplitKeys {
   // (its row byte in pbyte), 0 for the shuffle-and-multiply form.
   uint8_t pshift[8] = {};
   uint16_t pbyte[8] = {};
-  HWY_ALIGN uint64_t pcnt[8][2] = {};
-  HWY_ALIGN uint8_t pperm[8][2][32];
-  HWY_ALIGN int16_t pmul[8][2][16];
-  HWY_ALIGN uint8_t ptlo[8][32];
-  HWY_ALIGN uint8_t pthi[8][32];
+  Avx2Pieces<8> pieces;
   HWY_ALIGN uint8_t perm[4][64];   // row bytes of each piece's 8 qwords
   HWY_ALIGN uint8_t ctrl[4][64];   // bit offset of each code in its qword
   HWY_ALIGN uint8_t mask[4][64];   // 2^bits - 1 per lane
@@ -483,14 +490,9 @@ struct SplitVals {
   uint16_t tbyte[4] = {};         // per term: row byte of its fp16 scale
   size_t term[4] = {};            // per piece
   size_t out[4] = {};             // per piece: offset in the rotated accumulator
-  // AVX2 (AccumSplitAvx2), per piece: as SplitKeys' win, pcnt, pperm,
-  // pmul, ptlo, pthi.
+  // AVX2 (AccumSplitAvx2), per piece: as SplitKeys' win and pieces.
   uint16_t win[4] = {};
-  HWY_ALIGN uint64_t pcnt[4][2] = {};
-  HWY_ALIGN uint8_t pperm[4][2][32];
-  HWY_ALIGN int16_t pmul[4][2][16];
-  HWY_ALIGN uint8_t ptlo[4][32];
-  HWY_ALIGN uint8_t pthi[4][32];
+  Avx2Pieces<4> pieces;
 };
 
 // Rows [a, b) of a segment (a and b counted from its first row).

@@ -382,6 +382,19 @@ HWY_INLINE void FwhtCrossPasses(float* p, size_t n, const float* post, float pos
   }
 }
 
+// v[r kVecs + i] *= the signs s[i kN ..] for each of R rows (a sign flip
+// of one block held in registers).
+template <size_t kVecs, size_t R>
+HWY_INLINE void MulSigns(const float* s, VF* v) {
+  const DF d;
+  HWY_UNROLL(16)
+  for (size_t i = 0; i < kVecs; ++i) {
+    const VF sign = hn::LoadU(d, s + i * kN);
+    HWY_UNROLL(2)
+    for (size_t r = 0; r < R; ++r) v[r * kVecs + i] = hn::Mul(v[r * kVecs + i], sign);
+  }
+}
+
 // v[r] = (1/n) H D2 H D1 x[r] for one block of kVecs vectors of R rows
 // (ref::HadamardForward). x[r], s1, s2 point at the block's first element.
 template <size_t kVecs, size_t R>
@@ -396,12 +409,7 @@ HWY_INLINE void HadamardForwardRegs(const float* const* x, const float* s1, cons
     for (size_t r = 0; r < R; ++r) v[r * kVecs + i] = hn::Mul(hn::LoadU(d, x[r] + i * kN), sign);
   }
   FwhtRegs<kVecs, R>(st, v);
-  HWY_UNROLL(16)
-  for (size_t i = 0; i < kVecs; ++i) {
-    const VF sign = hn::LoadU(d, s2 + i * kN);
-    HWY_UNROLL(2)
-    for (size_t r = 0; r < R; ++r) v[r * kVecs + i] = hn::Mul(v[r * kVecs + i], sign);
-  }
+  MulSigns<kVecs, R>(s2, v);
   FwhtRegs<kVecs, R>(st, v);
   const VF inv_n = hn::Set(d, 1.0f / static_cast<float>(kVecs * kN));  // exact: 2^-k
   HWY_UNROLL(32)
@@ -415,12 +423,7 @@ HWY_INLINE void HadamardInverseRegs(VF* v, const float* s1n, const float* s2, fl
   const DF d;
   const InVectorStages st;
   FwhtRegs<kVecs, R>(st, v);
-  HWY_UNROLL(16)
-  for (size_t i = 0; i < kVecs; ++i) {
-    const VF sign = hn::LoadU(d, s2 + i * kN);
-    HWY_UNROLL(2)
-    for (size_t r = 0; r < R; ++r) v[r * kVecs + i] = hn::Mul(v[r * kVecs + i], sign);
-  }
+  MulSigns<kVecs, R>(s2, v);
   FwhtRegs<kVecs, R>(st, v);
   HWY_UNROLL(16)
   for (size_t i = 0; i < kVecs; ++i) {
@@ -432,25 +435,18 @@ HWY_INLINE void HadamardInverseRegs(VF* v, const float* s1n, const float* s2, fl
   }
 }
 
-// One row, any power-of-two block: registers, scratch memory, or (n < 16)
-// the scalar reference. y must not overlap x.
-HWY_NOINLINE void HadamardForwardBlock(const float* x, const float* s1, const float* s2, size_t n,
-                                       float* y) {
-  const DF d;
-  if (n < 16) {
-    ref::HadamardForward(x, s1, s2, n, y);
-    return;
-  }
-  const size_t vecs = n / kN;
-  VF v[kMaxRegVecs];
+// Calls f(std::integral_constant<size_t, K>()) for a block of K = vecs
+// vectors held in registers (K a power of two up to 16, K kN >= 16) and
+// returns true; false for any other block (the chunked passes take it).
+template <class F>
+HWY_INLINE bool WithRegVecs(size_t vecs, const F& f) {
   switch (vecs) {
-#define TQ_CASE(K)                                                    \
-  case K:                                                             \
-    if constexpr (K * kN >= 16) {                                     \
-      HadamardForwardRegs<K, 1>(&x, s1, s2, v);                       \
-      for (size_t i = 0; i < K; ++i) hn::StoreU(v[i], d, y + i * kN); \
-      return;                                                         \
-    }                                                                 \
+#define TQ_CASE(K)                                \
+  case K:                                         \
+    if constexpr (K * kN >= 16) {                 \
+      f(std::integral_constant<size_t, K>());     \
+      return true;                                \
+    }                                             \
     break;
     TQ_CASE(1)
     TQ_CASE(2)
@@ -460,6 +456,21 @@ HWY_NOINLINE void HadamardForwardBlock(const float* x, const float* s1, const fl
 #undef TQ_CASE
     default:
       break;
+  }
+  return false;
+}
+
+// One row, any power-of-two block: registers, scratch memory, or (n < 16)
+// the scalar reference. y must not overlap x.
+HWY_NOINLINE void HadamardForwardBlock(const float* x, const float* s1, const float* s2, size_t n,
+                                       float* y) {
+  if (n < 16) return ref::HadamardForward(x, s1, s2, n, y);
+  VF v[kMaxRegVecs];
+  if (WithRegVecs(n / kN, [&](auto K) __attribute__((always_inline)) {
+        HadamardForwardRegs<K(), 1>(&x, s1, s2, v);
+        for (size_t i = 0; i < K(); ++i) hn::StoreU(v[i], DF(), y + i * kN);
+      })) {
+    return;
   }
   // n > kMaxRegVecs * kN >= 2 kChunk (so there is at least one cross pass):
   // chunked FWHT with the sign and 1/n multiplications fused into the first
@@ -475,30 +486,13 @@ HWY_NOINLINE void HadamardForwardBlock(const float* x, const float* s1, const fl
 // x = D1 H D2 H y / n for one row; y is clobbered (it is the work buffer).
 HWY_NOINLINE void HadamardInverseBlock(float* y, const float* s1, const float* s1n,
                                        const float* s2, size_t n, float* x) {
-  const DF d;
-  if (n < 16) {
-    ref::HadamardInverse(y, s1, s2, n, x);
-    return;
-  }
-  const size_t vecs = n / kN;
+  if (n < 16) return ref::HadamardInverse(y, s1, s2, n, x);
   VF v[kMaxRegVecs];
-  switch (vecs) {
-#define TQ_CASE(K)                                                    \
-  case K:                                                             \
-    if constexpr (K * kN >= 16) {                                     \
-      for (size_t i = 0; i < K; ++i) v[i] = hn::LoadU(d, y + i * kN); \
-      HadamardInverseRegs<K, 1>(v, s1n, s2, &x);                      \
-      return;                                                         \
-    }                                                                 \
-    break;
-    TQ_CASE(1)
-    TQ_CASE(2)
-    TQ_CASE(4)
-    TQ_CASE(8)
-    TQ_CASE(16)
-#undef TQ_CASE
-    default:
-      break;
+  if (WithRegVecs(n / kN, [&](auto K) __attribute__((always_inline)) {
+        for (size_t i = 0; i < K(); ++i) v[i] = hn::LoadU(DF(), y + i * kN);
+        HadamardInverseRegs<K(), 1>(v, s1n, s2, &x);
+      })) {
+    return;
   }
   const InVectorStages st;
   FwhtChunks(st, y, nullptr, y, n);
@@ -879,34 +873,57 @@ inline size_t FullGroups(size_t groups, size_t nbytes, int bits) {
   const size_t full = nbytes >= 8 ? (nbytes - 8) / static_cast<size_t>(bits) + 1 : 0;
   return full < groups ? full : groups;
 }
+
+// The groups of 8 B-bit codes of a d-coordinate field of nbytes bytes:
+// whole(g) for those read or written as whole 8-byte words (group g at byte
+// g B), then part(g, pos, n) for the last ones, n < 8 bytes at pos.
+template <int B, class Whole, class Part>
+HWY_INLINE void ForGroups(size_t d, size_t nbytes, const Whole& whole, const Part& part) {
+  const size_t groups = (d + 7) / 8;
+  const size_t full = FullGroups(groups, nbytes, B);
+  for (size_t g = 0; g < full; ++g) whole(g);
+  for (size_t g = full; g < groups; ++g) {
+    const size_t pos = g * B;
+    const size_t n = nbytes - pos < static_cast<size_t>(B) ? nbytes - pos : B;
+    part(g, pos, n);
+  }
+}
+// f(std::integral_constant<int, B>()) for B = bits in 1..8 (else nothing).
+template <class F>
+HWY_INLINE void WithCodeBits(int bits, const F& f) {
+  switch (bits) {
+    case 1: return f(std::integral_constant<int, 1>());
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    case 4: return f(std::integral_constant<int, 4>());
+    case 5: return f(std::integral_constant<int, 5>());
+    case 6: return f(std::integral_constant<int, 6>());
+    case 7: return f(std::integral_constant<int, 7>());
+    case 8: return f(std::integral_constant<int, 8>());
+    default: return;
+  }
+}
+
 // Packs idx[0, d) (zero-padded to a multiple of 8) into exactly nbytes
 // (= PackedBytes(d, B)) bytes. Whole groups use an 8-byte store whose upper
 // bytes are zero and are overwritten by the next group; the groups near the
 // end store only bytes inside the field.
 template <int B>
 HWY_INLINE void PackIndicesT(const uint8_t* idx, size_t d, uint8_t* out, size_t nbytes) {
-  const size_t groups = (d + 7) / 8;
-  const size_t full = FullGroups(groups, nbytes, B);
-  for (size_t g = 0; g < full; ++g) detail::Store64LE(MergeGroup<B>(idx + 8 * g), out + g * B);
-  for (size_t g = full; g < groups; ++g) {
-    const size_t pos = g * B;
-    const size_t n = nbytes - pos < static_cast<size_t>(B) ? nbytes - pos : B;
-    detail::StorePartialLE(MergeGroup<B>(idx + 8 * g), out + pos, n);
-  }
+  ForGroups<B>(
+      d, nbytes,
+      [&](size_t g) __attribute__((always_inline)) {
+        detail::Store64LE(MergeGroup<B>(idx + 8 * g), out + g * B);
+      },
+      [&](size_t g, size_t pos, size_t n) __attribute__((always_inline)) {
+        detail::StorePartialLE(MergeGroup<B>(idx + 8 * g), out + pos, n);
+      });
 }
 HWY_NOINLINE void PackIndices(const uint8_t* idx, size_t d, int bits, uint8_t* out,
                               size_t nbytes) {
-  switch (bits) {
-    case 1: return PackIndicesT<1>(idx, d, out, nbytes);
-    case 2: return PackIndicesT<2>(idx, d, out, nbytes);
-    case 3: return PackIndicesT<3>(idx, d, out, nbytes);
-    case 4: return PackIndicesT<4>(idx, d, out, nbytes);
-    case 5: return PackIndicesT<5>(idx, d, out, nbytes);
-    case 6: return PackIndicesT<6>(idx, d, out, nbytes);
-    case 7: return PackIndicesT<7>(idx, d, out, nbytes);
-    case 8: return PackIndicesT<8>(idx, d, out, nbytes);
-    default: return;
-  }
+  WithCodeBits(bits, [&](auto B) __attribute__((always_inline)) {
+    PackIndicesT<B()>(idx, d, out, nbytes);
+  });
 }
 
 // Inverse of MergeGroup: 8 bytes from the low 8B bits of x.
@@ -922,28 +939,20 @@ HWY_INLINE void SplitGroup(uint64_t x, uint8_t* idx) {
 // bytes (reads nothing beyond them).
 template <int B>
 HWY_INLINE void UnpackIndicesT(const uint8_t* in, size_t d, uint8_t* idx, size_t nbytes) {
-  const size_t groups = (d + 7) / 8;
-  const size_t full = FullGroups(groups, nbytes, B);
-  for (size_t g = 0; g < full; ++g) SplitGroup<B>(detail::Load64LE(in + g * B), idx + 8 * g);
-  for (size_t g = full; g < groups; ++g) {
-    const size_t pos = g * B;
-    const size_t n = nbytes - pos < static_cast<size_t>(B) ? nbytes - pos : B;
-    SplitGroup<B>(detail::LoadPartialLE(in + pos, n), idx + 8 * g);
-  }
+  ForGroups<B>(
+      d, nbytes,
+      [&](size_t g) __attribute__((always_inline)) {
+        SplitGroup<B>(detail::Load64LE(in + g * B), idx + 8 * g);
+      },
+      [&](size_t g, size_t pos, size_t n) __attribute__((always_inline)) {
+        SplitGroup<B>(detail::LoadPartialLE(in + pos, n), idx + 8 * g);
+      });
 }
 HWY_NOINLINE void UnpackIndices(const uint8_t* in, size_t d, int bits, uint8_t* idx,
                                 size_t nbytes) {
-  switch (bits) {
-    case 1: return UnpackIndicesT<1>(in, d, idx, nbytes);
-    case 2: return UnpackIndicesT<2>(in, d, idx, nbytes);
-    case 3: return UnpackIndicesT<3>(in, d, idx, nbytes);
-    case 4: return UnpackIndicesT<4>(in, d, idx, nbytes);
-    case 5: return UnpackIndicesT<5>(in, d, idx, nbytes);
-    case 6: return UnpackIndicesT<6>(in, d, idx, nbytes);
-    case 7: return UnpackIndicesT<7>(in, d, idx, nbytes);
-    case 8: return UnpackIndicesT<8>(in, d, idx, nbytes);
-    default: return;
-  }
+  WithCodeBits(bits, [&](auto B) __attribute__((always_inline)) {
+    UnpackIndicesT<B()>(in, d, idx, nbytes);
+  });
 }
 
 // Sign bits of z[0, m): bit k = (z[k] >= 0), exactly PackedBytes(m, 1) bytes.
