@@ -2,12 +2,14 @@
 // so that a cache can report the bytes it really holds (byte ledger).
 // Internal header.
 //
-// Two allocation regimes, chosen by capacity:
-// - below kMapBytes: aligned_alloc, growing by 1/4 (copying; small buffers);
-// - from kMapBytes up (Linux): anonymous page mappings grown in place or
-//   moved by mremap, which relinks the pages instead of copying them, so a
-//   growing history reserves at most 1/64 of its size (+ one page) ahead:
-//   a 32K-token cache's unused capacity stays under 2% of its rows.
+// Two allocation regimes:
+// - heap blocks (aligned_alloc): small buffers, growing by 1/4 (copying),
+//   and exact reservations (pools sized once keep their byte-exact size);
+// - page mappings (Linux), once a buffer grows past kMapBytes: grown in
+//   place or moved by mremap, which relinks the pages instead of copying
+//   them, so a growing history reserves at most 1/64 of its size (+ one
+//   page) ahead: a 32K-token cache's unused capacity stays under 2% of its
+//   rows.
 // The counter holds capacity() bytes (whole pages for a mapping).
 #ifndef TQ_SRC_KV_TRACKED_BUFFER_H_
 #define TQ_SRC_KV_TRACKED_BUFFER_H_
@@ -67,7 +69,10 @@ class TrackedBuffer {
   void Reserve(size_t n, bool exact = false) {
     if (n <= capacity_) return;
 #if defined(__linux__)
-    if (n >= kMapBytes) {
+    // Growing past kMapBytes (or a buffer that is a mapping already): pages.
+    // An exact reservation of a heap buffer stays a heap block of n bytes
+    // (pools sized once keep their byte-exact size).
+    if (mapped_ || (n >= kMapBytes && !exact)) {
       GrowMapping(exact ? n : std::max(n, capacity_ + capacity_ / 64));
       return;
     }
