@@ -151,11 +151,20 @@ class ReferencePagedLayer:
                      window=0):
         self.calls["decode"] += 1
         b = q.shape[0]
-        return self._attend(q, list(range(b + 1)), block_tables, seq_lens, max_seq_len, scale, 0.0, window)
+        return _into(out, self._attend(q, list(range(b + 1)), block_tables, seq_lens, max_seq_len, scale, 0.0,
+                                       window))
 
     def paged_extend(self, q, cu_seqlens_q, block_tables, seq_lens, *, max_q_len, max_seq_len, workspace=None,
                      out=None, scale=0.0, softcap=0.0, window=0, kernel="auto"):
         self.calls["extend"] += 1
         cu = cu_seqlens_q.tolist()
         assert cu[0] == 0 and cu[-1] == q.shape[0] and max(b - a for a, b in zip(cu, cu[1:])) <= max_q_len
-        return self._attend(q, cu, block_tables, seq_lens, max_seq_len, scale, softcap, window)
+        return _into(out, self._attend(q, cu, block_tables, seq_lens, max_seq_len, scale, softcap, window))
+
+
+def _into(out, res):
+    """Like the GPU layer: the result lands in ``out`` when one is given."""
+    if out is None:
+        return res
+    assert out.shape == res.shape, (out.shape, res.shape)
+    return out.copy_(res)

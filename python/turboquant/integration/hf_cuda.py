@@ -34,12 +34,9 @@ import torch
 
 from .. import _core
 from .common import IntegrationError
+from .cuda_common import aligned as _aligned
+from .cuda_common import check_cuda_presets, gqa_ratio, require_cuda
 from .hf_masks import ChunkLayout, layout_mask
-
-
-def _aligned(t: "torch.Tensor") -> "torch.Tensor":
-    """The GPU kernels take 16-byte aligned rows: a view at an odd offset is copied."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _check_capacity(max_cache_len) -> None:
@@ -89,22 +86,9 @@ class PagedRoute:
         from .. import cuda as tqcuda
 
         _check_capacity(max_cache_len)
-        try:
-            tqcuda.require()
-        except tqcuda.CudaUnavailableError as e:
-            raise IntegrationError(str(e)) from e
-        gqa = 1
-        if owner.num_q_heads:
-            if owner.num_q_heads % owner.num_kv_heads:
-                raise ValueError(f"num_q_heads {owner.num_q_heads} is not a multiple of num_kv_heads "
-                                 f"{owner.num_kv_heads}")
-            gqa = owner.num_q_heads // owner.num_kv_heads
-        for layer, preset in owner.layer_presets.items():
-            why = tqcuda.unsupported_reason(preset, owner.head_dim, block_size=block_size, gqa_ratio=gqa)
-            if why is not None:
-                raise IntegrationError(
-                    f"layer {layer}: preset '{preset}' (head_dim {owner.head_dim}, block_size {block_size}, GQA "
-                    f"{gqa}) is not supported by the CUDA backend: {why}")
+        require_cuda()
+        gqa = gqa_ratio(owner.num_q_heads, owner.num_kv_heads) if owner.num_q_heads else 1
+        check_cuda_presets(owner.layer_presets, owner.head_dim, block_size, gqa)
         if softcap and owner.kv_config.center_keys:
             raise IntegrationError(_SOFTCAP_CENTERING)
         if device.type == "cuda" and device.index is None:

@@ -19,6 +19,14 @@ schema is docs/FORMAT.md, "KV recipe metadata"), one module per concern:
   it never densifies history and raises where it would have to;
 * ``attention``: vLLM's attention metadata fields and
   ``TurboQuantAttentionImpl``, an impl with vLLM's v1 signatures;
+* ``batch``: the split of a mixed batch into its leading decode rows and the
+  rest, and ``TurboQuantMetadataBuilder`` (vLLM's builder shape);
+* ``device``: ``DevicePagedCompressedKVCache``, the layer on CUDA tensors
+  (GPU write kernel; one graph-capturable attention call dispatching decode
+  rows to the decode kernel and the rest to the extend kernel);
+* ``backend`` and ``plugin``: ``TurboQuantBackend`` / ``TurboQuantDeviceImpl``
+  shaped like vLLM's attention backend and impl, and the
+  ``vllm.general_plugins`` entry point ``register``;
 * ``hooks``: ``install_hooks(runner, mode)`` with modes ``off``,
   ``capture_only``, ``hybrid``, ``full_tq`` on a model runner shaped like
   vLLM's (``compilation_config.static_forward_context``, ``impl.forward``,
@@ -42,8 +50,11 @@ except ImportError as e:  # pragma: no cover
         "turboquant.integration.vllm needs torch (./scripts/install-python-deps.sh): " + str(e)) from e
 
 from .attention import AttentionMetadata, TurboQuantAttentionImpl
+from .backend import TurboQuantBackend, TurboQuantDeviceImpl
+from .batch import TurboQuantMetadataBuilder, split_decodes
 from .cache import PagedCompressedKVCache, PathCounters
-from .calibration import calibrate, channel_energy, metadata_from_energy, top_channels
+from .calibration import calibrate, channel_energy, channel_means, metadata_from_energy, top_channels
+from .device import DevicePagedCompressedKVCache
 from .cli import main
 from .hooks import MODES, calibration_metadata, free_kv_cache, get_stats, install_hooks, uninstall_hooks
 from .metadata import (
@@ -74,7 +85,8 @@ from .registry import (
 from .verify import default_min_cosine, fp64_attention_row, verify
 
 __all__ = [
-    "AttentionMetadata", "CACHE_DTYPE_PRESETS", "CODEBOOKS", "METADATA_FILENAME", "METADATA_FORMAT",
+    "AttentionMetadata", "CACHE_DTYPE_PRESETS", "CODEBOOKS", "DevicePagedCompressedKVCache",
+    "TurboQuantBackend", "TurboQuantDeviceImpl", "TurboQuantMetadataBuilder", "channel_means", "split_decodes", "METADATA_FILENAME", "METADATA_FORMAT",
     "METADATA_VERSION", "MODES", "MetadataError", "PagedCompressedKVCache", "PathCounters", "SPLIT_RECIPES",
     "TRANSFORMS", "TurboQuantAttentionImpl", "UPSTREAM_CACHE_DTYPES", "build_metadata", "cache_dtype_names",
     "calibrate", "calibration_metadata", "channel_energy", "default_min_cosine", "discover_metadata",

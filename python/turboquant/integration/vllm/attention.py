@@ -15,7 +15,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class AttentionMetadata:
-    """The fields of vLLM v1's attention metadata that we read (same names)."""
+    """The fields of vLLM v1's attention metadata that we read (same names).
+
+    The last three are host integers the device path needs (vLLM's
+    FlashAttention and TurboQuant metadata carry them, computed when the
+    metadata is built, from host copies): ``max_seq_len`` an upper bound of
+    seq_lens, and the leading ``num_decodes`` sequences of the batch, which
+    bring one query token each (``num_decode_tokens`` == ``num_decodes``),
+    as ``batch.TurboQuantMetadataBuilder`` sets them. The CPU path ignores
+    them."""
 
     num_actual_tokens: int
     query_start_loc: "torch.Tensor"  # int32 [batch + 1]
@@ -23,6 +31,9 @@ class AttentionMetadata:
     block_table: "torch.Tensor"      # int32 [batch, max_blocks]
     slot_mapping: "torch.Tensor"     # int64 [num_tokens]
     max_query_len: int = 0
+    max_seq_len: int = 0
+    num_decodes: int = 0
+    num_decode_tokens: int = 0
 
 
 class TurboQuantAttentionImpl:

@@ -57,11 +57,17 @@ class PagedCompressedKVCache:
     by a fixed channel permutation before encoding (the library's split codec
     keeps channels [0, head_size/4) at the higher width); queries get the same
     permutation and outputs the inverse, so attention is unchanged.
+
+    ``means={layer: (key_mean, value_mean)}`` (float32 [num_kv_heads,
+    head_size] or None; ``calibration.channel_means``) centres a layer's
+    writes (PagedKVCache.set_means): the key mean drops out of the softmax,
+    the value mean is added back to the output.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_size: int, *, num_blocks: int,
                  block_size: int = 16, cache_dtype: str = "tq4", config: Optional[KVQuantConfig] = None,
-                 metadata: Optional[Dict[str, Any]] = None, threads: int = 1):
+                 metadata: Optional[Dict[str, Any]] = None, threads: int = 1,
+                 means: Optional[Dict[int, Tuple[Any, Any]]] = None):
         preset = resolve_cache_dtype(cache_dtype)
         config = config or KVQuantConfig()
         config = KVQuantConfig(**{**config.__dict__, "preset": preset})
@@ -76,6 +82,12 @@ class PagedCompressedKVCache:
         self._core = _core.PagedKVCache(num_layers, num_kv_heads, head_size, num_blocks=num_blocks,
                                         block_size=block_size, preset=preset, seed=config.seed,
                                         layer_presets=dict(self.layer_presets))
+        for layer, (km, vm) in (means or {}).items():  # centering means: float32 [num_kv_heads, head_size] or None
+            if layer in self._perm:
+                raise ValueError(f"means: layer {layer} permutes channels (split-recipe metadata); centering means "
+                                 "are not supported with it")
+            self._core.set_means(layer, None if km is None else _f32(km, "key_mean").numpy(),
+                                 None if vm is None else _f32(vm, "value_mean").numpy())
         self.counters = PathCounters()
 
     def _apply_metadata(self, meta):

@@ -2,10 +2,12 @@
 keys and values written to the cache, over prompts whose SHA-256 is recorded,
 choosing each layer's and KV head's high-precision channels for the split
 recipes. ``calibration_metadata`` (hooks) does the same from what the
-``capture_only`` hook mode recorded."""
+``capture_only`` hook mode recorded. ``channel_means``: per-layer centering
+means of the keys and values, for ``PagedCompressedKVCache(means=...)`` and
+the device cache."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -70,3 +72,30 @@ def metadata_from_energy(recipe: str, energy_k: Sequence["torch.Tensor"], energy
     return build_metadata(recipe, head_size, num_layers, num_kv_heads,
                           key_channels=[top_channels(e, count) for e in energy_k],
                           value_channels=[top_channels(e, count) for e in energy_v], calibration=record, seed=seed)
+
+
+def channel_means(activations: Iterable[Tuple[int, "torch.Tensor", "torch.Tensor"]], *, center_keys: bool = True,
+                  center_values: bool = False) -> Dict[int, Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"]]]:
+    """Centering means from activations (layer, keys, values), keys/values
+    [tokens, num_kv_heads, head_size]: per layer (key_mean, value_mean),
+    float32 [num_kv_heads, head_size] (sums in double over every token, then
+    divided), None for a component not centred."""
+    sums: Dict[int, List[Any]] = {}
+    for layer, k, v in activations:
+        if k.dim() != 3 or k.shape != v.shape:
+            raise ValueError(f"activations must be [tokens, num_kv_heads, head_size] each, got {tuple(k.shape)} / "
+                             f"{tuple(v.shape)}")
+        k64, v64 = (x.detach().to("cpu", torch.float64) for x in (k, v))
+        acc = sums.setdefault(layer, [0, 0, 0])
+        acc[0] = acc[0] + k64.sum(0)
+        acc[1] = acc[1] + v64.sum(0)
+        acc[2] += k.shape[0]
+    if not sums:
+        raise ValueError("channel_means needs activations")
+    out = {}
+    for layer, (sk, sv, n) in sums.items():
+        if n == 0:
+            raise ValueError(f"layer {layer}: no tokens")
+        out[layer] = ((sk / n).to(torch.float32) if center_keys else None,
+                      (sv / n).to(torch.float32) if center_values else None)
+    return out
