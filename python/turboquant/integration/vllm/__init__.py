@@ -37,9 +37,9 @@ schema is docs/FORMAT.md, "KV recipe metadata"), one module per concern:
   ``python3 -m turboquant.integration.vllm verify``).
 
 Every public name is importable from this package. vLLM itself is not
-imported or required: everything is tested against runner/impl objects with
-vLLM's attribute names and call signatures built in the tests, not against
-vLLM.
+imported or required (only ``plugin.register``, which vLLM calls, imports
+it): everything is tested against runner/impl/metadata objects with vLLM's
+attribute names and call signatures built in the tests, not against vLLM.
 """
 from ..common import OptionalDependencyError
 
