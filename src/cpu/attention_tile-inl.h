@@ -1,7 +1,7 @@
 // The kernels of a call and the tile loop. PickKernels fills the call's
 // kernel table once (CallKernels: for each count of query rows served at a
 // time, the keys' and values' kernels of dense and of compressed rows):
-// the portable choice for the segment's format first (PortableKeys,
+// the portable choice for the call's formats first (PortableKeys,
 // PortableValues), then the target's own kernels where they apply
 // (TargetKernels<HWY_TARGET>::Pick: the fixed-shape AVX-512 and AVX2
 // kernels). The tile loop (AttnRunImpl) runs a work item's query rows
