@@ -518,10 +518,7 @@ HWY_INLINE void AccumI16FixedInner(const I16Book& z, const uint8_t* const* rows,
     int32_t pair;                                                           \
     std::memcpy(&pair, wps[R] + 2 * p, 4);                                  \
     const __m512i wv = _mm512_set1_epi32(pair);                             \
-    a##R##0 = Dpwssd(a##R##0, c0, wv);                         \
-    a##R##1 = Dpwssd(a##R##1, c1, wv);                         \
-    a##R##2 = Dpwssd(a##R##2, c2, wv);                         \
-    a##R##3 = Dpwssd(a##R##3, c3, wv);                         \
+    Dpwssd4(a##R##0, a##R##1, a##R##2, a##R##3, c0, c1, c2, c3, wv, wv);    \
   }
       TQ_VROW(0) TQ_VROW(1) TQ_VROW(2) TQ_VROW(3)
 #undef TQ_VROW

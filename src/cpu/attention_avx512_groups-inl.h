@@ -30,6 +30,17 @@ HWY_INLINE __m512i Dpwssd(__m512i acc, __m512i x, __m512i y) {
   return acc;
 }
 
+// a0, a1 += the pairwise int16 products of c0, c1 with w0; a2, a3 += those
+// of c2, c3 with w1 (vpdpwssd): a value kernel's four accumulators of one
+// row and one pair of tokens.
+HWY_INLINE void Dpwssd4(__m512i& a0, __m512i& a1, __m512i& a2, __m512i& a3, __m512i c0, __m512i c1,
+                        __m512i c2, __m512i c3, __m512i w0, __m512i w1) {
+  a0 = Dpwssd(a0, c0, w0);
+  a1 = Dpwssd(a1, c1, w0);
+  a2 = Dpwssd(a2, c2, w1);
+  a3 = Dpwssd(a3, c3, w1);
+}
+
 // acc[r] += k[i] . q[r] + off + 32 i (pairwise int16 products) for every
 // row r < NR and vector i < NK: the key kernels' products of a token's
 // expanded codes with the rows' int16 queries.
@@ -305,15 +316,9 @@ HWY_NOINLINE void AccumAsymG32(const attn::Seg& s, size_t a, size_t b, size_t d,
     const __m512i w0 = _mm512_set1_epi32(p0), w1 = _mm512_set1_epi32(p1);   \
     if constexpr (BITS == 2) {                                                \
       const __m512i wm = _mm512_mask_blend_epi32(0xFF00, w0, w1);            \
-      a##R##0 = Dpwssd(a##R##0, c0, wm);                                      \
-      a##R##1 = Dpwssd(a##R##1, c1, wm);                                      \
-      a##R##2 = Dpwssd(a##R##2, c2, wm);                                      \
-      a##R##3 = Dpwssd(a##R##3, c3, wm);                                      \
+      Dpwssd4(a##R##0, a##R##1, a##R##2, a##R##3, c0, c1, c2, c3, wm, wm);    \
     } else {                                                                  \
-      a##R##0 = Dpwssd(a##R##0, c0, w0);                                      \
-      a##R##1 = Dpwssd(a##R##1, c1, w0);                                      \
-      a##R##2 = Dpwssd(a##R##2, c2, w1);                                      \
-      a##R##3 = Dpwssd(a##R##3, c3, w1);                                      \
+      Dpwssd4(a##R##0, a##R##1, a##R##2, a##R##3, c0, c1, c2, c3, w0, w1);    \
     }                                                                         \
   }
       TQ_AROW(0) TQ_AROW(1) TQ_AROW(2) TQ_AROW(3)
@@ -880,6 +885,8 @@ HWY_NOINLINE void AccumSplit16(const KeyCtx& vctx, const attn::Seg& s, size_t a,
       __m512i c0, c1, c2, c3;
       expand(p0, &c0, &c1);
       expand(p0 + 1, &c2, &c3);
+      // The four updates written out, not through Dpwssd4: through it GCC 12
+      // compiles this kernel with more stack accesses at some row counts.
 #define TQ_SROW(R)                                                        \
   if constexpr (NR > R) {                                                 \
     int32_t q0, q1;                                                       \
