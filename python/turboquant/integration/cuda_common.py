@@ -4,7 +4,7 @@ backend check, the per-layer preset check against the GPU kernels, and the
 16-byte row alignment the kernels take."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Dict, Iterable, Mapping
 
 import torch
 
@@ -46,3 +46,17 @@ def check_cuda_presets(layer_presets: Mapping[int, str], head_dim: int, block_si
             raise IntegrationError(
                 f"layer {layer}: preset '{preset}' (head_dim {head_dim}, block_size {block_size}, GQA "
                 f"{gqa}) is not supported by the CUDA backend: {why}")
+
+
+# The write kernel's row counters that HF and vLLM callers sum over layers.
+WRITE_ERROR_KEYS = ("out_of_range_slots", "non_finite_inputs", "scale_overflows")
+
+
+def sum_write_errors(layers: Iterable) -> Dict[str, int]:
+    """Synchronizes; rows the write kernel skipped since the last call, summed over `layers`."""
+    tot = dict.fromkeys(WRITE_ERROR_KEYS, 0)
+    for dev in layers:
+        e = dev.take_errors()
+        for k in tot:
+            tot[k] += e[k]
+    return tot

@@ -35,7 +35,7 @@ import torch
 from .. import _core
 from .common import IntegrationError
 from .cuda_common import aligned as _aligned
-from .cuda_common import check_cuda_presets, gqa_ratio, require_cuda
+from .cuda_common import check_cuda_presets, gqa_ratio, require_cuda, sum_write_errors
 from .hf_masks import ChunkLayout, layout_mask
 
 
@@ -127,12 +127,7 @@ class PagedRoute:
         self.written = [False] * len(self.layers)
 
     def take_write_errors(self) -> Dict[str, int]:
-        tot = {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
-        for dev in self.layers:
-            e = dev.take_errors()
-            for k in tot:
-                tot[k] += e[k]
-        return tot
+        return sum_write_errors(self.layers)
 
     def plane_bytes(self) -> int:
         return sum(dev.nbytes for dev in self.layers)

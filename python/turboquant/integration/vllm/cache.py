@@ -12,10 +12,10 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ... import _core
-from ..common import IntegrationError, KVQuantConfig, policy_from_config
+from ..common import IntegrationError, KVQuantConfig
 from .attention import AttentionMetadata
 from .metadata import MetadataError, validate_metadata
-from .registry import is_split_recipe, resolve_cache_dtype
+from .registry import is_split_recipe, layer_formats, resolve_cache_dtype
 
 
 def _f32(t, what: str) -> "torch.Tensor":
@@ -68,10 +68,7 @@ class PagedCompressedKVCache:
                  block_size: int = 16, cache_dtype: str = "tq4", config: Optional[KVQuantConfig] = None,
                  metadata: Optional[Dict[str, Any]] = None, threads: int = 1,
                  means: Optional[Dict[int, Tuple[Any, Any]]] = None):
-        preset = resolve_cache_dtype(cache_dtype)
-        config = config or KVQuantConfig()
-        config = KVQuantConfig(**{**config.__dict__, "preset": preset})
-        self.layer_presets = policy_from_config(config, num_layers)
+        preset, config, self.layer_presets = layer_formats(cache_dtype, config, num_layers)
         self.cache_dtype, self.preset, self.config = cache_dtype, preset, config
         self.num_layers, self.num_kv_heads, self.head_size = num_layers, num_kv_heads, head_size
         self.block_size, self.num_blocks, self.threads = block_size, num_blocks, threads

@@ -36,10 +36,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ... import _core
-from ..common import IntegrationError, KVQuantConfig, policy_from_config
-from ..cuda_common import aligned, check_cuda_presets, gqa_ratio, require_cuda
+from ..common import IntegrationError, KVQuantConfig
+from ..cuda_common import aligned, check_cuda_presets, gqa_ratio, require_cuda, sum_write_errors
 from .attention import AttentionMetadata
-from .registry import resolve_cache_dtype
+from .registry import layer_formats
 
 Means = Dict[int, Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"]]]
 
@@ -66,10 +66,7 @@ class DevicePagedCompressedKVCache:
                  means: Optional[Means] = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  max_model_len: int = 8192, device: Any = "cuda",
                  make_layer: Optional[Callable[[int, int], Any]] = None):
-        preset = resolve_cache_dtype(cache_dtype)
-        config = config or KVQuantConfig()
-        config = KVQuantConfig(**{**config.__dict__, "preset": preset})
-        self.layer_presets = policy_from_config(config, num_layers)
+        preset, config, self.layer_presets = layer_formats(cache_dtype, config, num_layers)
         self.cache_dtype, self.preset, self.config = cache_dtype, preset, config
         self.num_layers, self.num_kv_heads, self.head_size = num_layers, num_kv_heads, head_size
         self.num_q_heads, self.block_size, self.num_blocks = num_q_heads, block_size, num_blocks
@@ -267,9 +264,4 @@ class DevicePagedCompressedKVCache:
 
     def take_write_errors(self) -> Dict[str, int]:
         """Synchronizes; rows the write kernel skipped since the last call, summed over layers."""
-        tot = {"out_of_range_slots": 0, "non_finite_inputs": 0, "scale_overflows": 0}
-        for dev in self.layers:
-            e = dev.take_errors()
-            for k in tot:
-                tot[k] += e[k]
-        return tot
+        return sum_write_errors(self.layers)

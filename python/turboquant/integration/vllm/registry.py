@@ -5,9 +5,10 @@ cache dtype in our paged layout."""
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from ... import _core
+from ..common import KVQuantConfig, policy_from_config
 
 UPSTREAM_CACHE_DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
 SPLIT_RECIPES = ("turboquant25", "turboquant35")
@@ -71,3 +72,12 @@ def page_geometry(cache_dtype: str, head_size: int, num_kv_heads: int, block_siz
         "slot_bytes_per_head": slot, "bytes_per_block": slot * num_kv_heads * block_size,
         "dense_fp16_bytes_per_block": 2 * 2 * head_size * num_kv_heads * block_size,
     }
+
+
+def layer_formats(cache_dtype: str, config: Optional[KVQuantConfig],
+                  num_layers: int) -> Tuple[str, KVQuantConfig, Dict[int, str]]:
+    """(preset, config with that preset, {layer: preset}) for a vLLM cache dtype:
+    the dtype names the preset, `config` (default KVQuantConfig()) the per-layer rule."""
+    preset = resolve_cache_dtype(cache_dtype)
+    config = KVQuantConfig(**{**(config or KVQuantConfig()).__dict__, "preset": preset})
+    return preset, config, policy_from_config(config, num_layers)
