@@ -146,3 +146,59 @@ def test_per_layer_presets_and_refusals():
     with pytest.raises(IntegrationError, match="left padding only"):
         with torch.no_grad():
             model(ids, attention_mask=mask, **{hf.cache_kwarg(model): cache})
+
+
+def test_32k_continuation_allocates_only_the_workspace():
+    """Memory truth of the CUDA route: a 32,768-token continuation (16 chunks
+    of 2,048 through the extend kernel, then 16 decode steps) over a 256-token
+    prompt. After the first step of each kind (which allocates the
+    route's workspace, sized by the plan from batch x q_len x heads, not
+    from the history), memory_allocated() never grows, and each step's peak
+    above the memory allocated before it (its activations, the chunk's rows,
+    the output) is the same at 2K and at 32K tokens of history: nothing
+    proportional to the history is allocated. A dense copy of one layer's
+    history at 32K tokens would be 32 MiB; the slack allowed is 1 MiB."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=128, initializer_range=0.05,
+                      max_position_embeddings=34000)
+    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.float16).eval()
+    model.set_attn_implementation(hf.ATTENTION_NAME)
+    chunk, chunks, decodes = 2048, 16, 16
+    total = 256 + chunk * chunks + decodes
+    ids = torch.randint(0, 512, (1, total), generator=torch.Generator().manual_seed(3)).cuda()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    cache = _cuda_cache(model, "k4_v4", max_len=total)
+    kw = {hf.cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": 1}
+
+    def step(a, b):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            out = model(ids[:, a:b], **kw)
+        del out
+        torch.cuda.synchronize()
+        return before, torch.cuda.max_memory_allocated() - before, torch.cuda.memory_allocated()
+
+    with torch.no_grad():
+        model(ids[:, :256], **kw)
+    cuts = [256 + chunk * i for i in range(chunks + 1)]
+    ext = [step(a, b) for a, b in zip(cuts, cuts[1:])]
+    dec = [step(cuts[-1] + i, cuts[-1] + i + 1) for i in range(decodes)]
+    assert cache.get_seq_length() == total and cache.stats.gpu_extend_calls == 2 * chunks
+    for steps in (ext, dec):
+        settled = steps[0][2]  # after the first step of its kind (workspace allocated)
+        assert all(after == settled for _, _, after in steps[1:]), [s[2] - settled for s in steps]
+        peaks = [p for _, p, _ in steps[1:]]
+        assert max(peaks) - min(peaks) <= 2**20, peaks
+    ws = cache._paged.workspace.numel()
+    assert dec[-1][2] - ext[0][0] <= ws, (dec[-1][2] - ext[0][0], ws)  # only the workspace was added
+    # the ledger and torch's counters agree: what the cache holds (planes, workspace, block tables, lengths)
+    # is what was allocated since before its construction, up to the allocator's rounding of the few
+    # small index tensors (row offsets, cu_seqlens: < 64 KiB)
+    held = dec[-1][2] - base
+    led = cache.ledger()
+    assert led["total"] <= held <= led["total"] + 2**16, (held, led)
