@@ -1,7 +1,8 @@
 """An attention backend shaped like vLLM v1's (``vllm.v1.attention.backend``:
 ``AttentionBackend``, ``AttentionImpl``) over ``DevicePagedCompressedKVCache``.
 
-vLLM is not imported here: the classes carry the attributes and static
+With vLLM installed the classes subclass vLLM's own (``vllm_bases``) and
+inherit its defaults; either way they carry the attributes and static
 methods vLLM's backend selector and model runner read (``get_name``,
 ``get_impl_cls``, ``get_builder_cls``, ``supported_dtypes``,
 ``supported_kv_cache_dtypes``, ``get_supported_kernel_block_sizes``,
@@ -22,9 +23,10 @@ import torch
 from ..common import IntegrationError
 from .batch import TurboQuantMetadataBuilder
 from .registry import UPSTREAM_CACHE_DTYPES, cache_dtype_names
+from .vllm_bases import AttentionBackend, AttentionImpl
 
 
-class TurboQuantDeviceImpl:
+class TurboQuantDeviceImpl(AttentionImpl):
     """vLLM's ``AttentionImpl`` signatures over one layer of a
     ``DevicePagedCompressedKVCache`` (``attach`` binds it)."""
 
@@ -77,7 +79,7 @@ class TurboQuantDeviceImpl:
                                window=self.window, softcap=self.softcap)
 
 
-class TurboQuantBackend:
+class TurboQuantBackend(AttentionBackend):
     """vLLM ``AttentionBackend`` shape (class attributes and static methods)."""
 
     accept_output_buffer = True

@@ -15,6 +15,7 @@ from typing import Any, Sequence, Tuple, Union
 import torch
 
 from .attention import AttentionMetadata
+from .vllm_bases import AttentionMetadataBuilder
 
 
 def split_decodes(query_start_loc_cpu: Union["torch.Tensor", Sequence[int]]) -> Tuple[int, int]:
@@ -38,7 +39,7 @@ def split_decodes(query_start_loc_cpu: Union["torch.Tensor", Sequence[int]]) -> 
     return n, n
 
 
-class TurboQuantMetadataBuilder:
+class TurboQuantMetadataBuilder(AttentionMetadataBuilder):
     """Builds ``AttentionMetadata`` from vLLM's ``CommonAttentionMetadata``
     (attributes ``query_start_loc``, ``query_start_loc_cpu``, ``seq_lens``,
     ``num_actual_tokens``, ``max_query_len``, ``max_seq_len``,
