@@ -25,8 +25,9 @@ schema is docs/FORMAT.md, "KV recipe metadata"), one module per concern:
   (GPU write kernel; one graph-capturable attention call dispatching decode
   rows to the decode kernel and the rest to the extend kernel);
 * ``backend`` and ``plugin``: ``TurboQuantBackend`` / ``TurboQuantDeviceImpl``
-  shaped like vLLM's attention backend and impl, and the
-  ``vllm.general_plugins`` entry point ``register``;
+  shaped like vLLM's attention backend and impl (subclasses of vLLM's where
+  vLLM is installed: ``vllm_bases``), and the ``vllm.general_plugins`` entry
+  point ``register``;
 * ``hooks``: ``install_hooks(runner, mode)`` with modes ``off``,
   ``capture_only``, ``hybrid``, ``full_tq`` on a model runner shaped like
   vLLM's (``compilation_config.static_forward_context``, ``impl.forward``,
@@ -36,10 +37,11 @@ schema is docs/FORMAT.md, "KV recipe metadata"), one module per concern:
   command line (``turboquant-vllm verify``, or
   ``python3 -m turboquant.integration.vllm verify``).
 
-Every public name is importable from this package. vLLM itself is not
-imported or required (only ``plugin.register``, which vLLM calls, imports
-it): everything is tested against runner/impl/metadata objects with vLLM's
-attribute names and call signatures built in the tests, not against vLLM.
+Every public name is importable from this package. vLLM is not required:
+where it is importable, ``vllm_bases`` takes vLLM's attention base classes
+(test_vllm_real.py checks the backend against vLLM's own code); the layer
+itself is tested against runner/impl/metadata objects with vLLM's attribute
+names and call signatures built in the tests.
 """
 from ..common import OptionalDependencyError
 
