@@ -7,7 +7,8 @@
 # must exit by itself (no signal, no abort) within CASE_TIMEOUT seconds.
 # Then a few in-range sizes whose product is more than any machine's memory
 # must be refused before anything is allocated. Prints the number of cases.
-# Usage: cmake -DTQ=<tq binary> -DWORK=<scratch dir> [-DCASE_TIMEOUT=s] -P cli_cases.cmake
+# Usage: cmake -DTQ=<tq binary> -DWORK=<scratch dir> [-DCASE_TIMEOUT=s] [-DMODEL=<llama2.c file>]
+#        -P cli_cases.cmake
 cmake_policy(VERSION 3.20)
 if(NOT DEFINED CASE_TIMEOUT)
   set(CASE_TIMEOUT 60)
@@ -193,6 +194,11 @@ run_case(error "--context x --kv-heads x --head-dim would need about.*${mem}" be
          --kv-heads 4096 --head-dim 4096)
 run_case(error "--batch x --context x --kv-heads x --head-dim would need about.*${mem}" bench attention
          --batch 1048576 --context 16777216 --kv-heads 4096 --q-heads 4096 --head-dim 128)
+# tq eval sizes its memory from the model: with a real model (when
+# ../shared/data is present), a context no machine holds is refused.
+if(DEFINED MODEL AND EXISTS "${MODEL}")
+  run_case(error "--context would need about.*${mem}" eval --model ${MODEL} --generate 64 --context 16777216)
+endif()
 
 if(failures)
   message(FATAL_ERROR "${cases} cases run; these failed:${failures}")

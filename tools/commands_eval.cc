@@ -228,6 +228,14 @@ Result<EvalReport> RunEval(const EvalOptions& o, const std::function<void(size_t
   const size_t context = o.context ? o.context : c.max_seq_len;
   if (context < 16) return InvalidArgumentError("--context must be >= 16, got " + std::to_string(context));
   if (o.compress_chunk == 0) return InvalidArgumentError("--compress-chunk must be >= 1");
+  {
+    // Per window position: the reference's and a preset's logits (fp32) and
+    // the fp32 K/V of every layer for both runners.
+    const double per_token = 8.0 * static_cast<double>(c.vocab_size) +
+                             16.0 * static_cast<double>(c.num_layers * c.num_kv_heads * c.head_dim);
+    TQ_RETURN_IF_ERROR(FitsInMemory(static_cast<double>(context) * per_token, "--context",
+                                    "logits and fp32 K/V of a window for this model"));
+  }
   Prepared in;
   TQ_RETURN_IF_ERROR(PrepareInput(o, model, tok.get(), context, &in));
 

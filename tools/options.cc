@@ -69,13 +69,17 @@ uint64_t PhysicalMemoryBytes() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
-void CheckFitsInMemory(double bytes, const std::string& options, const std::string& how) {
+Status FitsInMemory(double bytes, const std::string& options, const std::string& how) {
   const uint64_t phys = PhysicalMemoryBytes();
-  if (phys == 0 || bytes <= static_cast<double>(phys)) return;
+  if (phys == 0 || bytes <= static_cast<double>(phys)) return Status::Ok();
   constexpr double kGiB = 1073741824.0;
-  Fail(InvalidArgumentError(options + " would need about " + Fmt(bytes / kGiB, 3) + " GiB (" + how +
-                            "), more than this machine's " + Fmt(static_cast<double>(phys) / kGiB, 3) +
-                            " GiB of memory; lower them"));
+  return InvalidArgumentError(options + " would need about " + Fmt(bytes / kGiB, 3) + " GiB (" + how +
+                              "), more than this machine's " + Fmt(static_cast<double>(phys) / kGiB, 3) +
+                              " GiB of memory; lower them");
+}
+
+void CheckFitsInMemory(double bytes, const std::string& options, const std::string& how) {
+  if (Status s = FitsInMemory(bytes, options, how); !s.ok()) Fail(s);
 }
 
 }  // namespace tq::tools

@@ -18,6 +18,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tq/status.h"
+
 namespace tq::tools {
 
 // Bounds shared by several commands.
@@ -54,10 +56,12 @@ inline CLI::Option* AddReal(CLI::App* cmd, const std::string& name, double* valu
 // Physical memory of this machine in bytes (0 when unknown).
 uint64_t PhysicalMemoryBytes();
 
-// Fails (exit 2) when a command would need more than this machine's
+// InvalidArgument when a command would need more than this machine's
 // physical memory: "<options> would need about X GiB (<how>), more than this
 // machine's Y GiB; lower them". `bytes` is an estimate in double so that the
 // product of huge options cannot wrap.
+Status FitsInMemory(double bytes, const std::string& options, const std::string& how);
+// The same, failing the command (exit 2).
 void CheckFitsInMemory(double bytes, const std::string& options, const std::string& how);
 
 }  // namespace tq::tools
