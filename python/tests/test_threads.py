@@ -137,8 +137,9 @@ def test_paged_cache_threads_equal_the_serial_run():
 
 def test_timed_stress_on_one_cache():
     # Mixed calls from every thread on one cache for a while: each thread
-    # owns a sequence (checked against a serial replay at the end) and also
-    # hammers sequence 0 with reads.
+    # owns a sequence (appends, decodes, and a free once it holds 2,000
+    # tokens; replayed serially at the end to the same outputs) and also
+    # reads another thread's sequence length and the ledger.
     seconds = float(os.environ.get("TQ_THREAD_STRESS_SECONDS", "2"))
     cache = _new_cache()
     done = [0] * THREADS
@@ -148,7 +149,10 @@ def test_timed_stress_on_one_cache():
     def work(t):
         rng = np.random.default_rng(400 + t)
         seq = t
-        while time.monotonic() < deadline and cache.length(0, seq) < 4000:
+        while time.monotonic() < deadline:
+            if cache.length(0, seq) >= 2000:
+                cache.free(seq)
+                logs[t].append(None)
             n = int(rng.integers(1, 9))
             k = rng.standard_normal((n, KVH, D), dtype=np.float32)
             v = rng.standard_normal((n, KVH, D), dtype=np.float32)
@@ -157,8 +161,8 @@ def test_timed_stress_on_one_cache():
                 cache.append(layer, seq, k, v)
             out = cache.decode_attention(1, [seq], q).copy()
             logs[t].append((k, v, q, out))
-            if cache.length(0, 0) > 0:
-                cache.decode_attention(0, [0], q)
+            cache.decode_attention(0, [seq], q)
+            cache.length(1, (seq + 1) % THREADS)  # another thread's sequence, maybe being freed
             cache.ledger()
             done[t] += 1
 
@@ -166,8 +170,13 @@ def test_timed_stress_on_one_cache():
     assert min(done) > 0
     serial = _new_cache()
     for t in range(THREADS):
-        for k, v, q, out in logs[t]:
+        for entry in logs[t]:
+            if entry is None:
+                serial.free(t)
+                continue
+            k, v, q, out = entry
             for layer in range(LAYERS):
                 serial.append(layer, t, k, v)
             np.testing.assert_array_equal(serial.decode_attention(1, [t], q), out)
-    print(f"{sum(done)} mixed steps from {THREADS} threads in {seconds:.0f} s")
+    frees = sum(entry is None for log in logs for entry in log)
+    print(f"{sum(done)} mixed steps ({frees} frees) from {THREADS} threads in {seconds:.0f} s")
