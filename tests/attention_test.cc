@@ -858,6 +858,15 @@ TEST(AttentionErrors, PrefillOverKVCache) {
   ASSERT_TRUE(PrefillAttention(*view, 8, 236, q, out).ok());
   ExpectError(PrefillAttention(*view, 8, 237, q, out), {"300"}, "query_start + n = 301 > 300");
   ExpectError(PrefillAttention(*view, 8, 100000, q, out), {"300"}, "query_start far beyond");
+  // query_start + 64 wraps past 2^64 to 0 or a small number: still refused.
+  const size_t wraps = std::numeric_limits<size_t>::max() - 10;
+  ExpectError(PrefillAttention(*view, 8, wraps, q, out), {"query_start", "300"}, "query_start + n wraps to 53");
+  ExpectError(PrefillAttention(*view, 8, std::numeric_limits<size_t>::max() - 63, q, out),
+              {"query_start", "300"}, "query_start + n wraps to 0");
+  std::vector<uint16_t> zeros(300 * 2 * 128, 0);  // fp16 +0
+  const DenseKVView dense{.k = zeros.data(), .v = zeros.data(), .tokens = 300, .num_kv_heads = 2, .head_dim = 128};
+  ASSERT_TRUE(DensePrefillAttention(dense, 8, 236, q, out).ok());
+  ExpectError(DensePrefillAttention(dense, 8, wraps, q, out), {"query_start", "300"}, "dense, wrapping");
   ExpectError(PrefillAttention(*view, 8, 0, std::span(q).first(1000), std::span(out).first(1000)),
               {"q", "1024"}, "q not a multiple of heads x dim");
   ExpectError(PrefillAttention(*view, 8, 0, q, std::span(out).first(out.size() - 1)), {"out"},

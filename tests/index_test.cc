@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <set>
 #include <string>
@@ -362,6 +363,11 @@ TEST(FlatIndex, BadInputGivesClearErrors) {
   std::vector<float> q(8, 1.0f);
   EXPECT_EQ(index->Search(q, {.k = 0}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(index->Search(q, {.k = 2, .rerank = 5}).status().code(), StatusCode::kInvalidArgument);
+  // A rescore count past 2^20 (e.g. -1 wrapped into size_t) is refused, not allocated.
+  auto wrapped = index->Search(q, {.k = 2, .rescore = static_cast<size_t>(-1)});
+  EXPECT_EQ(wrapped.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrapped.status().message().find("rescore must be in 0..1048576"), std::string::npos);
+  EXPECT_TRUE(index->Search(q, {.k = 2, .rescore = size_t{1} << 20}).ok());  // the largest: cheap on 3 vectors
   auto prod = FlatIndex::Create({.dim = 8, .bits = 3, .kind = CodecKind::kProd});
   auto fs = prod->Search(q, {.k = 2});
   EXPECT_EQ(fs.status().code(), StatusCode::kInvalidArgument);
@@ -506,7 +512,13 @@ TEST(IndexFiles, SavesAreAtomicAndFailuresLeaveTheOldFile) {
   ASSERT_TRUE(a->Add(std::span<const float>(x.data() + 20 * dim, 20 * dim)).ok());
   ASSERT_TRUE(a->Save(path).ok());
   EXPECT_EQ(FlatIndex::Load(path)->size(), 40u);
-  EXPECT_NE(::access((path + ".tmp." + std::to_string(::getpid())).c_str(), F_OK), 0);
+  {
+    const std::filesystem::path p(path);
+    const std::string prefix = p.filename().string() + ".tmp.";
+    for (const auto& e : std::filesystem::directory_iterator(p.parent_path())) {
+      EXPECT_NE(e.path().filename().string().rfind(prefix, 0), 0u) << "left behind: " << e.path();
+    }
+  }
   EXPECT_EQ(FlatIndex::Load(TempPath("missing.tqi")).status().code(), StatusCode::kIoError);
   std::remove(path.c_str());
   std::remove((path + ".bad").c_str());

@@ -19,6 +19,7 @@
 #include "common.h"
 #include "commands.h"
 #include "kv_capture.h"
+#include "options.h"
 #include "tq/attention.h"
 #include "tq/format.h"
 #include "tq/kv_cache.h"
@@ -576,37 +577,36 @@ void RegisterBenchAttention(CLI::App& bench) {
       "attention", "dense fp16 vs compressed-cache attention (decode or chunked prefill), timed in one run");
   cmd->add_option("--context", a->contexts, "tokens per sequence; a comma list (4096,16384,32768) for --plot")
       ->capture_default_str();
-  cmd->add_option("--batch", a->batch, "sequences")->capture_default_str();
-  cmd->add_option("--q-heads", a->q_heads)->capture_default_str();
-  cmd->add_option("--kv-heads", a->kv_heads)->capture_default_str();
-  cmd->add_option("--head-dim", a->head_dim)->capture_default_str();
+  AddInteger(cmd, "--batch", &a->batch, "sequences", 1, 1 << 20);
+  AddInteger(cmd, "--q-heads", &a->q_heads, "query heads", 1, kMaxHeads);
+  AddInteger(cmd, "--kv-heads", &a->kv_heads, "KV heads", 1, kMaxHeads);
+  AddInteger(cmd, "--head-dim", &a->head_dim, "head dimension", 1, kMaxHeadDim);
   cmd->add_option("--preset", a->presets,
                   "KV preset(s), comma-separated; 'dense-copy' is the null comparison (a second copy of the "
                   "dense fp16 K/V through the dense kernel: its speedup shows the run's noise)")
       ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "worker threads (0 = all hardware threads)")->capture_default_str();
+  AddInteger(cmd, "--threads", &a->threads, "worker threads (0 = all hardware threads)", 0, kMaxThreads);
   cmd->add_option("--mode", a->mode, "decode: one query per sequence at its last position; prefill: the last --chunk queries")
       ->check(CLI::IsMember({"decode", "prefill"}))
       ->capture_default_str();
-  cmd->add_option("--chunk", a->chunk, "prefill queries per sequence")->capture_default_str();
-  cmd->add_option("--reps", a->reps, "timed repetitions (median and best reported)")->capture_default_str();
-  cmd->add_option("--warmup", a->warmup, "untimed repetitions first")->capture_default_str();
+  AddInteger(cmd, "--chunk", &a->chunk, "prefill queries per sequence", 1, kMaxTokens);
+  AddInteger(cmd, "--reps", &a->reps, "timed repetitions (median and best reported)", 1, kMaxReps);
+  AddInteger(cmd, "--warmup", &a->warmup, "untimed repetitions first", 0, kMaxReps);
   cmd->add_option("--order", a->order,
                   "abba: dense and compressed alternate (ABBA); blocks: all dense reps, then all compressed "
                   "(each side finds its own data in the caches)")
       ->check(CLI::IsMember({"abba", "blocks"}))
       ->capture_default_str();
-  cmd->add_option("--sinks", a->sinks, "dense sink tokens of the compressed cache")->capture_default_str();
-  cmd->add_option("--recent", a->recent, "dense recent window of the compressed cache")->capture_default_str();
-  cmd->add_option("--block-size", a->block_size,
-                  "decode over a paged cache with pages of this many tokens (vLLM-style; 0: the KVCache "
-                  "with --sinks/--recent)")
-      ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
+  AddInteger(cmd, "--sinks", &a->sinks, "dense sink tokens of the compressed cache", 0, kMaxTokens);
+  AddInteger(cmd, "--recent", &a->recent, "dense recent window of the compressed cache", 0, kMaxTokens);
+  AddInteger(cmd, "--block-size", &a->block_size,
+             "decode over a paged cache with pages of this many tokens (vLLM-style; 0: the KVCache "
+             "with --sinks/--recent)",
+             0, 1024);
   cmd->add_flag("--ragged", a->ragged,
                 "decode a batch of uneven sequences: sequence b holds context x (batch - b) / batch tokens "
                 "(rounded up to 16, at most context), as a serving batch mixes long and short ones");
-  cmd->add_option("--seed", a->seed, "synthetic K/V and query seed")->capture_default_str();
+  AddInteger(cmd, "--seed", &a->seed, "synthetic K/V and query seed", 0, kMaxSeed);
   cmd->add_flag("--json", a->json, "print {\"results\":[...]} (times are medians)");
   cmd->add_option("--plot", a->plot, "write an SVG of speedup vs context, one line per preset");
   cmd->add_option("--simd", a->simd,
@@ -616,7 +616,7 @@ void RegisterBenchAttention(CLI::App& bench) {
     if (!a->simd.empty()) {
       if (Status st = ForceSimdTarget(a->simd); !st.ok()) Fail(st);
     }
-    const std::vector<int> contexts = ParseIntList(a->contexts, "--context", 1, 1 << 30);
+    const std::vector<int> contexts = ParseIntList(a->contexts, "--context", 1, static_cast<int>(kMaxTokens));
     const std::vector<std::string> presets = SplitList(a->presets);
     if (a->batch == 0 || a->q_heads == 0 || a->kv_heads == 0 || a->head_dim == 0) {
       Fail(InvalidArgumentError("--batch, --q-heads, --kv-heads and --head-dim must be >= 1"));
@@ -625,8 +625,18 @@ void RegisterBenchAttention(CLI::App& bench) {
       Fail(InvalidArgumentError("--q-heads (" + std::to_string(a->q_heads) + ") must be a multiple of --kv-heads (" +
                                 std::to_string(a->kv_heads) + ")"));
     }
-    if (a->reps == 0) Fail(InvalidArgumentError("--reps must be >= 1"));
     CheckPresets(presets, a->head_dim);
+    {
+      // Per context: the dense fp16 K and V, one cache per preset (at most
+      // as large), the queries and outputs; contexts run one at a time.
+      const double longest = *std::max_element(contexts.begin(), contexts.end());
+      const double values = static_cast<double>(a->batch) * longest * static_cast<double>(a->kv_heads * a->head_dim);
+      const double queries = static_cast<double>(a->batch) * static_cast<double>(a->q_heads * a->head_dim) *
+                             (a->mode == "prefill" ? static_cast<double>(a->chunk) : 1.0);
+      CheckFitsInMemory(values * 4.0 * (1.0 + static_cast<double>(presets.size())) + queries * 8.0,
+                        "--batch x --context x --kv-heads x --head-dim",
+                        "dense fp16 K/V and a cache per preset");
+    }
     if (a->mode == "prefill") {
       if (a->chunk == 0) Fail(InvalidArgumentError("--chunk must be >= 1"));
       for (int c : contexts) {
@@ -728,10 +738,10 @@ void RegisterBenchAttentionQuality(CLI::App& bench) {
       "attention-quality",
       "per preset: attention output NMSE, softmax KL and top-8 weight overlap vs unquantized dense attention");
   cmd->add_option("--model", a->models, "llama2.c checkpoint(s) to capture real Q/K/V from");
-  cmd->add_option("--tokens", a->tokens, "tokens per model run")->capture_default_str();
+  AddInteger(cmd, "--tokens", &a->tokens, "tokens per model run (at most the model's max_seq_len)", 1, kMaxTokens);
   cmd->add_option("--preset", a->presets, "KV presets, comma-separated (default: the kv-quality list)");
-  cmd->add_option("--sinks", a->sinks, "dense sink tokens (0: measure the format alone)")->capture_default_str();
-  cmd->add_option("--recent", a->recent, "dense recent window (0: measure the format alone)")->capture_default_str();
+  AddInteger(cmd, "--sinks", &a->sinks, "dense sink tokens (0: measure the format alone)", 0, kMaxTokens);
+  AddInteger(cmd, "--recent", &a->recent, "dense recent window (0: measure the format alone)", 0, kMaxTokens);
   cmd->add_option("--capture", a->captures,
                   "K/V capture file(s) of a bidirectional encoder (bench/minilm/minilm_kv.py): measure these "
                   "instead of the synthetic and --model sources; every query sees its whole sequence");

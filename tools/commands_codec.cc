@@ -12,6 +12,7 @@
 #include "common.h"
 #include "commands.h"
 #include "eval.h"
+#include "options.h"
 #include "core/thread_pool.h"
 #include "tq/codec.h"
 #include "tq/distortion.h"
@@ -141,15 +142,15 @@ void RegisterDistortion(CLI::App& app) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "distortion", "paper Thm 1/2 experiment: D_mse, D_prod and inner-product slopes on uniform unit vectors");
-  cmd->add_option("--dim", args->dim, "vector dimension")->capture_default_str();
+  AddInteger(cmd, "--dim", &args->dim, "vector dimension", 1, 4096, "the experiment's largest dim");
   cmd->add_option("--bits", args->bits, "comma-separated bit widths (1..8)")->capture_default_str();
-  cmd->add_option("--samples", args->samples, "number of (x, y) pairs")->capture_default_str();
+  AddInteger(cmd, "--samples", &args->samples, "number of (x, y) pairs", 2, 100000000);
   cmd->add_option("--rotation", args->rotation, "rht | block | haar | mix")->capture_default_str();
   cmd->add_option("--codebook", args->codebook, "sphere | gaussian")->capture_default_str();
   cmd->add_flag("--norm-correction", args->norm_correction, "store corrected norms (default: plain norms, as the paper)");
   cmd->add_flag("--f16-scales", args->f16, "store scales as fp16 (default fp32, as the paper)");
-  cmd->add_option("--seed", args->seed, "seed")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "threads (0 = all)")->capture_default_str();
+  AddInteger(cmd, "--seed", &args->seed, "seed", 0, kMaxSeed);
+  AddInteger(cmd, "--threads", &args->threads, "threads (0 = all)", 0, kMaxThreads);
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->add_option("--plot", args->plot, "write distortion vs bits to this .svg file");
   cmd->callback([args] {
@@ -157,6 +158,9 @@ void RegisterDistortion(CLI::App& app) {
     o.dim = args->dim;
     o.bits = ParseIntList(args->bits, "--bits", 1, 8);
     o.samples = args->samples;
+    // x, y and the decoded x (fp32), the codes and the exact inner products.
+    CheckFitsInMemory(static_cast<double>(o.samples) * (static_cast<double>(o.dim) * 14.0 + 8.0),
+                      "--samples x --dim", "three fp32 vectors and a code row per sample");
     auto rot = ParseRotationKind(args->rotation);
     if (!rot.ok()) Fail(rot.status());
     o.rotation = *rot;
@@ -216,12 +220,12 @@ void RegisterBenchCodec(CLI::App& bench) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench.add_subcommand("codec", "encode/decode throughput vs memcpy of the same bytes");
-  cmd->add_option("--dim", args->dim, "vector dimension")->capture_default_str();
-  cmd->add_option("--bits", args->bits, "bits per coordinate (1..8)")->capture_default_str();
+  AddInteger(cmd, "--dim", &args->dim, "vector dimension", 1, 65536, "the codec's largest dim");
+  AddInteger(cmd, "--bits", &args->bits, "bits per coordinate", 1, 8);
   cmd->add_option("--kind", args->kind, "mse | prod")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "threads for the multi-thread row (0 = all)")->capture_default_str();
-  cmd->add_option("--mbytes", args->mbytes, "MiB of fp32 input per run")->capture_default_str();
-  cmd->add_option("--reps", args->reps, "repetitions (best is kept)")->capture_default_str();
+  AddInteger(cmd, "--threads", &args->threads, "threads for the multi-thread row (0 = all)", 0, kMaxThreads);
+  AddInteger(cmd, "--mbytes", &args->mbytes, "MiB of fp32 input per run", 1, 1 << 20);
+  AddInteger(cmd, "--reps", &args->reps, "repetitions (best is kept)", 1, 1000);
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->callback([args] {
     CodecSpec spec;
@@ -236,7 +240,10 @@ void RegisterBenchCodec(CLI::App& bench) {
     }
     auto codec = Codec::Create(spec);
     if (!codec.ok()) Fail(codec.status());
-    if (args->reps < 1 || args->mbytes < 1) Fail(InvalidArgumentError("--reps and --mbytes must be >= 1"));
+    // The fp32 input, its decoded copy and the codes (at most 2 bytes a value
+    // with QJL and scales).
+    CheckFitsInMemory(static_cast<double>(args->mbytes) * 1048576.0 * 2.5, "--mbytes",
+                      "the input, a decoded copy and the codes");
     const size_t threads = args->threads ? args->threads : HardwareThreads();
     const size_t rows = std::max<size_t>(1, (args->mbytes << 20) / (args->dim * sizeof(float)));
     Progress progress("bench codec");
@@ -277,11 +284,13 @@ void RegisterDemo(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("demo", "built-in showcase: distortion vs the paper's bounds, bytes, throughput");
-  cmd->add_option("--samples", args->samples, "vectors per bit width")->capture_default_str();
+  AddInteger(cmd, "--samples", &args->samples, "vectors per bit width", 2, 10000000);
   cmd->add_option("--model", args->model,
                   "model for the model section (default: ../shared/data/stories260K.bin when present)");
   cmd->callback([args] {
     const size_t dim = 128;
+    CheckFitsInMemory(static_cast<double>(args->samples) * (dim * 14.0 + 8.0), "--samples",
+                      "three fp32 vectors and a code row per sample");
     std::printf("turboquant demo: TurboQuant codecs on %zu uniform random unit vectors, d = %zu\n",
                 args->samples, dim);
     std::printf("CPU: %s, SIMD target: %s, hardware threads: %zu\n\n", CpuModel().c_str(), ActiveSimdTarget(),

@@ -27,6 +27,7 @@
 #include "commands.h"
 #include "common.h"
 #include "eval.h"
+#include "options.h"
 #include "tq/kv_cache.h"
 #include "tq/metrics.h"
 #include "tq/model.h"
@@ -227,6 +228,14 @@ Result<EvalReport> RunEval(const EvalOptions& o, const std::function<void(size_t
   const size_t context = o.context ? o.context : c.max_seq_len;
   if (context < 16) return InvalidArgumentError("--context must be >= 16, got " + std::to_string(context));
   if (o.compress_chunk == 0) return InvalidArgumentError("--compress-chunk must be >= 1");
+  {
+    // Per window position: the reference's and a preset's logits (fp32) and
+    // the fp32 K/V of every layer for both runners.
+    const double per_token = 8.0 * static_cast<double>(c.vocab_size) +
+                             16.0 * static_cast<double>(c.num_layers * c.num_kv_heads * c.head_dim);
+    TQ_RETURN_IF_ERROR(FitsInMemory(static_cast<double>(context) * per_token, "--context",
+                                    "logits and fp32 K/V of a window for this model"));
+  }
   Prepared in;
   TQ_RETURN_IF_ERROR(PrepareInput(o, model, tok.get(), context, &in));
 
@@ -538,24 +547,27 @@ void RegisterEval(CLI::App& app) {
   cmd->add_option("--tokenizer", a->o.tokenizer, "llama2.c tokenizer.bin (for --text and word passkeys)");
   cmd->add_option("--text", a->o.text, "UTF-8 text file to evaluate on");
   cmd->add_option("--tokens", a->o.tokens, "token-id file to evaluate on");
-  cmd->add_option("--generate", a->o.generate, "evaluate on N tokens the model samples itself (dense fp32)");
+  AddInteger(cmd, "--generate", &a->o.generate, "evaluate on N tokens the model samples itself (dense fp32)", 0,
+             kMaxTokens);
   cmd->add_option("--preset", a->presets,
                   "comma-separated presets, dense-f16, dense-f32, or all (dense-f16 + every preset)")
       ->capture_default_str();
-  cmd->add_option("--context", a->o.context, "window length in tokens (default: the model's max_seq_len)");
-  cmd->add_option("--max-tokens", a->o.max_tokens, "use at most this many input tokens");
-  cmd->add_option("--threads", a->o.threads, "threads (0 = all)")->capture_default_str();
-  cmd->add_option("--sinks", a->o.sinks, "dense sink tokens per sequence")->capture_default_str();
-  cmd->add_option("--recent", a->o.recent, "dense recent window")->capture_default_str();
-  cmd->add_option("--compress-chunk", a->o.compress_chunk, "tokens encoded per batch")->capture_default_str();
+  AddInteger(cmd, "--context", &a->o.context, "window length in tokens (0: the model's max_seq_len)", 0, kMaxTokens);
+  AddInteger(cmd, "--max-tokens", &a->o.max_tokens, "use at most this many input tokens (0: all)", 0,
+             uint64_t{1} << 32);
+  AddInteger(cmd, "--threads", &a->o.threads, "threads (0 = all)", 0, kMaxThreads);
+  AddInteger(cmd, "--sinks", &a->o.sinks, "dense sink tokens per sequence", 0, kMaxTokens);
+  AddInteger(cmd, "--recent", &a->o.recent, "dense recent window", 0, kMaxTokens);
+  AddInteger(cmd, "--compress-chunk", &a->o.compress_chunk, "tokens encoded per batch", 1, 65536,
+             "the cache's largest chunk");
   cmd->add_flag("!--no-center-keys", a->o.center_keys, "do not subtract the per-head key mean");
   cmd->add_flag("--center-values", a->o.center_values, "subtract the per-head value mean too");
   cmd->add_flag("--decode", a->o.decode, "feed windows token by token (decode attention), not one prefill chunk");
-  cmd->add_option("--continuations", a->o.continuations, "greedy-continuation prompts")->capture_default_str();
-  cmd->add_option("--continuation-length", a->o.continuation_length, "tokens per continuation")
-      ->capture_default_str();
-  cmd->add_option("--passkeys", a->o.passkeys, "passkey prompts")->capture_default_str();
-  cmd->add_option("--seed", a->o.seed, "seed of sampling, passkeys and codecs")->capture_default_str();
+  AddInteger(cmd, "--continuations", &a->o.continuations, "greedy-continuation prompts", 0, 100000);
+  AddInteger(cmd, "--continuation-length", &a->o.continuation_length,
+             "tokens per continuation (at most half the context)", 0, kMaxTokens);
+  AddInteger(cmd, "--passkeys", &a->o.passkeys, "passkey prompts", 0, 100000);
+  AddInteger(cmd, "--seed", &a->o.seed, "seed of sampling, passkeys and codecs", 0, kMaxSeed);
   cmd->add_flag("--json", a->json, "JSON on stdout");
   cmd->add_option("--plot", a->plot, "write an SVG of KL vs bits per value");
   cmd->callback([a] {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common.h"
+#include "options.h"
 #include "commands.h"
 #include "kv_capture.h"
 #include "tq/kv_cache.h"
@@ -156,16 +157,21 @@ void RegisterBenchKv(CLI::App& bench) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = bench.add_subcommand("kv", "bytes per token and longest context per KV preset (from the byte ledger)");
-  cmd->add_option("--layers", a->layers)->capture_default_str();
-  cmd->add_option("--kv-heads", a->kv_heads)->capture_default_str();
-  cmd->add_option("--head-dim", a->head_dim)->capture_default_str();
-  cmd->add_option("--context", a->context, "tokens appended to measure the ledger")->capture_default_str();
-  cmd->add_option("--budget-gib", a->budget_gib, "memory budget for one sequence")->capture_default_str();
+  AddInteger(cmd, "--layers", &a->layers, "layers", 1, kMaxHeads);
+  AddInteger(cmd, "--kv-heads", &a->kv_heads, "KV heads", 1, kMaxHeads);
+  AddInteger(cmd, "--head-dim", &a->head_dim, "head dimension", 1, kMaxHeadDim);
+  AddInteger(cmd, "--context", &a->context, "tokens appended to measure the ledger", 2, kMaxTokens);
+  AddReal(cmd, "--budget-gib", &a->budget_gib, "memory budget for one sequence", 1e-6, 1e9);
   cmd->add_flag("--json", a->json);
   cmd->callback([a] {
     if (a->layers == 0 || a->kv_heads == 0 || a->head_dim == 0 || a->context < 2) {
       Fail(InvalidArgumentError("--layers, --kv-heads, --head-dim must be >= 1 and --context >= 2"));
     }
+    // One layer of one preset at a time: at most 2 bytes a value for K and
+    // V each (k16_v16), plus the fp32 K/V of one 4096-token append.
+    const double per_token = static_cast<double>(a->kv_heads * a->head_dim);
+    CheckFitsInMemory(per_token * (static_cast<double>(a->context) * 4.0 + 4096.0 * 8.0),
+                      "--context x --kv-heads x --head-dim", "one layer of the largest preset");
     const ModelShape shape{a->layers, a->kv_heads, a->head_dim};
     const double budget = a->budget_gib * 1073741824.0;
     std::vector<KvBytesRow> rows;
@@ -214,7 +220,7 @@ void RegisterBenchKvQuality(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand(
       "kv-quality", "per-preset key/value relative MSE and attention-output error: synthetic and real K/V");
   cmd->add_option("--model", a->models, "llama2.c checkpoint(s) to capture real K/V from");
-  cmd->add_option("--tokens", a->tokens, "tokens per model run")->capture_default_str();
+  AddInteger(cmd, "--tokens", &a->tokens, "tokens per model run (at most the model's max_seq_len)", 1, kMaxTokens);
   cmd->add_flag("--json", a->json);
   cmd->callback([a] {
     nlohmann::json j;

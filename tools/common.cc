@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "core/file_io.h"
 #include "tq/model.h"
 #include "tq/random.h"
 
@@ -185,11 +185,8 @@ Status WriteSvgPlot(const std::string& path, const PlotSpec& plot) {
       << "</text>\n";
   }
   o << "</svg>\n";
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return IoError("cannot open plot file '" + path + "' for writing");
-  f << o.str();
-  if (!f) return IoError("failed writing plot file '" + path + "'");
-  return Status::Ok();
+  const std::string svg = o.str();
+  return WriteFileAtomic(path, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(svg.data()), svg.size()));
 }
 
 SyntheticKVStream::SyntheticKVStream(size_t kv_heads, size_t head_dim, uint64_t seed)

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <memory>
 
+#include "core/file_io.h"
+
 namespace tq::tools {
 namespace {
 
@@ -41,14 +43,14 @@ bool ReadFloats(std::FILE* f, std::vector<float>* out, size_t n) {
   return true;
 }
 
-bool WriteFloats(std::FILE* f, const std::vector<float>& x) {
+Status WriteFloats(AtomicFileWriter& f, const std::vector<float>& x) {
   std::vector<unsigned char> buf(x.size() * 4);
   for (size_t i = 0; i < x.size(); ++i) {
     uint32_t bits;
     std::memcpy(&bits, &x[i], 4);
     StoreU32(buf.data() + 4 * i, bits);
   }
-  return buf.empty() || std::fwrite(buf.data(), 1, buf.size(), f) == buf.size();
+  return f.Write(buf);
 }
 
 }  // namespace
@@ -155,32 +157,30 @@ Status WriteKVCapture(const std::string& path, const KVCapture& c) {
       }
     }
   }
-  const std::string tmp = path + ".tmp";
-  {
-    File f(std::fopen(tmp.c_str(), "wb"));
-    if (!f) return IoError("cannot create " + tmp);
-    unsigned char h[kHeaderBytes] = {};
-    std::memcpy(h, kMagic, 8);
-    StoreU32(h + 8, kVersion);
-    StoreU32(h + 12, c.first_layer);
-    StoreU32(h + 16, static_cast<uint32_t>(layers));
-    StoreU32(h + 20, c.num_q_heads);
-    StoreU32(h + 24, c.num_kv_heads);
-    StoreU32(h + 28, c.head_dim);
-    StoreU32(h + 32, static_cast<uint32_t>(seqs));
-    std::vector<unsigned char> lens(4 * seqs);
-    for (size_t s = 0; s < seqs; ++s) StoreU32(lens.data() + 4 * s, c.lengths[s]);
-    bool ok = std::fwrite(h, 1, kHeaderBytes, f.get()) == kHeaderBytes &&
-              std::fwrite(lens.data(), 1, lens.size(), f.get()) == lens.size();
-    for (size_t l = 0; l < layers && ok; ++l) {
-      for (size_t s = 0; s < seqs && ok; ++s) {
-        ok = (!qh || WriteFloats(f.get(), c.Q[l][s])) && WriteFloats(f.get(), c.K[l][s]) &&
-             WriteFloats(f.get(), c.V[l][s]);
-      }
+  // Streamed through a crash-safe writer: a reader of `path` sees the old
+  // file or the complete new one, never a partial capture.
+  TQ_ASSIGN_OR_RETURN(AtomicFileWriter f, AtomicFileWriter::Open(path));
+  unsigned char h[kHeaderBytes] = {};
+  std::memcpy(h, kMagic, 8);
+  StoreU32(h + 8, kVersion);
+  StoreU32(h + 12, c.first_layer);
+  StoreU32(h + 16, static_cast<uint32_t>(layers));
+  StoreU32(h + 20, c.num_q_heads);
+  StoreU32(h + 24, c.num_kv_heads);
+  StoreU32(h + 28, c.head_dim);
+  StoreU32(h + 32, static_cast<uint32_t>(seqs));
+  std::vector<unsigned char> lens(4 * seqs);
+  for (size_t s = 0; s < seqs; ++s) StoreU32(lens.data() + 4 * s, c.lengths[s]);
+  TQ_RETURN_IF_ERROR(f.Write(h));
+  TQ_RETURN_IF_ERROR(f.Write(lens));
+  for (size_t l = 0; l < layers; ++l) {
+    for (size_t s = 0; s < seqs; ++s) {
+      if (qh) TQ_RETURN_IF_ERROR(WriteFloats(f, c.Q[l][s]));
+      TQ_RETURN_IF_ERROR(WriteFloats(f, c.K[l][s]));
+      TQ_RETURN_IF_ERROR(WriteFloats(f, c.V[l][s]));
     }
-    if (!ok || std::fflush(f.get()) != 0) return IoError("write failed: " + tmp);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return IoError("cannot rename " + tmp + " to " + path);
+  TQ_RETURN_IF_ERROR(f.Commit());
   return Status::Ok();
 }
 

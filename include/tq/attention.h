@@ -12,6 +12,10 @@
 // heads of its group. Work is split across (sequence, KV head, token chunk)
 // and the chunks are merged with a log-sum-exp combine.
 //
+// Thread-safety: every function here may run concurrently with any other
+// call that only reads the same caches (their const methods); none may run
+// while a view's cache is being appended to, forked, freed or written.
+//
 // Positions: a cache of length L holds tokens at positions 0..L-1. A decode
 // query is the token at position L-1 (it must already be appended). Prefill
 // queries q[i] are at positions query_start + i and see keys at positions

@@ -2,8 +2,8 @@
 // (b-1)-bit MSE plus a 1-bit QJL sketch of the residual) and the outlier
 // channel split (two channel groups at different bit widths).
 //
-// A Codec is immutable after Create and safe to use from many threads; copies
-// share the same tables. Row layouts are specified in docs/FORMAT.md.
+// A Codec (and a SplitCodec) is immutable after Create and safe to use from
+// many threads; copies share the same tables. Row layouts are specified in docs/FORMAT.md.
 #ifndef TQ_CODEC_H_
 #define TQ_CODEC_H_
 

@@ -8,8 +8,10 @@
 // after any sequence of Appends every token is present exactly once, in order:
 // sinks, then history, then the ring, oldest first.
 //
-// Thread-safety: const methods may run concurrently; Append/Fork/Free/Reset
-// need exclusive access (one writer).
+// Thread-safety: const methods (View, length, Ledger, Serialize, Save, the
+// attention functions over its views) may run concurrently; Append/Fork/
+// Free/Reset need exclusive access (one writer, no reader meanwhile). The
+// Python KVCache takes a lock per object, so Python threads may share one.
 #ifndef TQ_KV_CACHE_H_
 #define TQ_KV_CACHE_H_
 

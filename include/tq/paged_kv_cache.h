@@ -12,7 +12,7 @@
 // calibration constants.
 //
 // Thread-safety: const methods may run concurrently; everything else needs
-// exclusive access.
+// exclusive access. The Python PagedKVCache takes a lock per object.
 #ifndef TQ_PAGED_KV_CACHE_H_
 #define TQ_PAGED_KV_CACHE_H_
 

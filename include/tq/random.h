@@ -52,6 +52,7 @@ constexpr uint64_t Absorb(uint64_t h, uint64_t v) { return Mix64((h ^ v) + kGold
 uint64_t DeriveKey(const StreamId& id, Purpose purpose);
 
 // splitmix64: word i (i = 0, 1, ...) is Mix64(key + (i + 1) * kGoldenGamma).
+// A stream holds its position: one thread at a time (each thread its own).
 class SplitMix64 {
  public:
   explicit SplitMix64(uint64_t key) : state_(key) {}
@@ -72,7 +73,8 @@ double DetLog(double x);
 
 // Standard normal samples by Marsaglia's polar method on SplitMix64 words
 // (two uniforms in (-1, 1) from two words; rejection when s >= 1 or s == 0),
-// using DetLog and IEEE sqrt: bit-identical on every platform.
+// using DetLog and IEEE sqrt: bit-identical on every platform. One thread at
+// a time, as SplitMix64.
 class GaussianStream {
  public:
   explicit GaussianStream(uint64_t key) : bits_(key) {}

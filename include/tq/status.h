@@ -1,6 +1,8 @@
 // Status and Result<T>: how every user-reachable failure in turboquant is
 // reported. The core never throws and never aborts on user input; internal
 // invariants use TQ_CHECK, which is always on and aborts with a message.
+// Status and Result are plain values: a const one may be read from many
+// threads, a mutable one by one thread at a time.
 #ifndef TQ_STATUS_H_
 #define TQ_STATUS_H_
 

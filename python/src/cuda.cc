@@ -18,6 +18,7 @@
 
 #include "array_checks.h"
 #include "binding_areas.h"
+#include "locked_caches.h"
 #include "status_errors.h"
 #ifdef TQ_PY_CUDA
 #include "tq/cuda.h"
@@ -88,11 +89,10 @@ struct PyDeviceLayer {
   size_t num_q_heads_hint = 0;
 };
 
-PyDeviceLayer* MakeDeviceLayer(const tq::PagedKVCache& like, size_t layer, size_t num_blocks) {
-  tq::Result<tq::cuda::DeviceLayer> r = [&] {
-    nb::gil_scoped_release release;
-    return tq::cuda::DeviceLayer::Create(like, layer, num_blocks, /*allocate_planes=*/false);
-  }();
+PyDeviceLayer* MakeDeviceLayer(const PyPagedKVCache& like, size_t layer, size_t num_blocks) {
+  tq::Result<tq::cuda::DeviceLayer> r = ReadLocked(like, [&](const tq::PagedKVCache& cache) {
+    return tq::cuda::DeviceLayer::Create(cache, layer, num_blocks, /*allocate_planes=*/false);
+  });
   if (!r.ok()) Raise(r.status());
   return new PyDeviceLayer{std::move(*r), {}, -1, 0};
 }

@@ -555,9 +555,12 @@ Result<size_t> PrefillQueries(std::span<const float> q, std::span<float> out, si
                                 Str(per_query));
   }
   const size_t n = q.size() / per_query;
-  if (query_start + n > tokens) {
-    return OutOfRangeError(std::string(what) + ": queries at positions " + Str(query_start) + ".." +
-                           Str(query_start + n - 1) + " but " + holder + " " + Str(tokens) + " tokens" + hint);
+  // Written as two comparisons so that a query_start near 2^64 cannot wrap
+  // query_start + n around to a small number.
+  if (query_start > tokens || n > tokens - query_start) {
+    return OutOfRangeError(std::string(what) + ": " + Str(n) + " queries from position " + Str(query_start) +
+                           " (query_start) but " + holder + " " + Str(tokens) + " tokens; query_start + " +
+                           "queries must be at most " + Str(tokens) + hint);
   }
   TQ_RETURN_IF_ERROR(CheckQ(q, out, n, num_q_heads, d, what));
   return n;

@@ -417,6 +417,10 @@ Status CheckSearchParams(const Engine& e, const SearchParams& params, bool ivf) 
   if (params.k == 0 || params.k > (size_t{1} << 20)) {
     return InvalidArgumentError("search k must be in 1..1048576, got " + std::to_string(params.k));
   }
+  if (params.rescore > (size_t{1} << 20)) {
+    return InvalidArgumentError("search rescore must be in 0..1048576 (0 = auto: max(2k, 16)), got " +
+                                std::to_string(params.rescore));
+  }
   if (params.fast_scan && !e.fast) {
     return InvalidArgumentError(
         "fast_scan needs mse codes at 1..4 bits; this index has " +

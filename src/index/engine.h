@@ -5,6 +5,7 @@
 #ifndef TQ_SRC_INDEX_ENGINE_H_
 #define TQ_SRC_INDEX_ENGINE_H_
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <cstddef>
@@ -45,7 +46,9 @@ inline bool Better(const Cand& a, const Cand& b) {
 // becomes the entry threshold (amortized O(1) a push; a heap costs O(log cap)).
 class TopK {
  public:
-  explicit TopK(size_t cap) : cap_(cap) { buf_.reserve(2 * cap); }
+  // The buffer grows as candidates arrive: a large cap over few vectors
+  // costs nothing up front.
+  explicit TopK(size_t cap) : cap_(cap) { buf_.reserve(std::min<size_t>(2 * cap, 4096)); }
   // Candidates scoring below this cannot enter (-inf until the first cut).
   float threshold() const { return cut_ ? worst_.score : -INFINITY; }
   bool full() const { return cut_; }
