@@ -20,17 +20,19 @@ namespace tq::fuzz {
 // A directory private to this process under /dev/shm (memory-backed, so
 // inputs cost no disk writes) or $TMPDIR / /tmp; removed at exit.
 inline const std::string& ScratchDir() {
-  static const std::string dir = [] {
+  // Never freed, so that the exit handler below can still read it.
+  static const std::string* dir = [] {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path(ec);
     if (const char* t = std::getenv("TQ_FUZZ_SCRATCH")) base = t;
     fs::path d = base / ("tq_fuzz_" + std::to_string(::getpid()));
     fs::create_directories(d, ec);
+    auto* s = new std::string(d.string());
     std::atexit([] { std::error_code e; std::filesystem::remove_all(ScratchDir(), e); });
-    return d.string();
+    return s;
   }();
-  return dir;
+  return *dir;
 }
 
 // Writes bytes to `path` (truncating); aborts when the write fails, since a
