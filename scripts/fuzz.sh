@@ -24,7 +24,12 @@ for t in "${targets[@]}"; do
   artifacts="$build/artifacts/$t"
   mkdir -p "$corpus" "$artifacts"
   # Seeds: the valid files the target writes (-runs=0 only loads them).
-  TQ_FUZZ_WRITE_SEEDS="$corpus" "$bin" -runs=0 "$corpus" >/dev/null 2>&1
+  if ! TQ_FUZZ_WRITE_SEEDS="$corpus" "$bin" -runs=0 -artifact_prefix="$artifacts/" "$corpus" \
+       >"$build/artifacts/$t.seed.log" 2>&1; then
+    tail -n 40 "$build/artifacts/$t.seed.log" >&2
+    echo "fuzz: $t failed while writing or loading its seeds" >&2
+    exit 1
+  fi
   log="$build/artifacts/$t.log"
   # -timeout: one input running 30 s is a finding (a hang), as is RSS above 2 GiB.
   if ! "$bin" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
