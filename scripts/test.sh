@@ -5,6 +5,8 @@
 # (scripts/install-python-deps.sh, idempotent).
 #   TQ_TEST_LABELS=unit ./scripts/test.sh   runs only C++ tests with that label.
 #   TQ_SKIP_PYTHON=1 ./scripts/test.sh      skips step 3 (the Python package).
+#   TQ_SKIP_SANITIZERS=1 ./scripts/test.sh  skips step 4 (sanitizers, fuzzing);
+#                                            CI runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,4 +39,11 @@ if [ -z "${TQ_SKIP_PYTHON:-}" ]; then
   CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$PYTHON" -m pip install --disable-pip-version-check \
     --no-build-isolation --no-deps ./python
   "$PYTHON" -m pytest python/tests -q
+fi
+
+# 4. Sanitizers (scripts/sanitize.sh, docs/TESTING.md "Sanitizers"): the unit
+#    tests under ASan+UBSan (Clang), the multi-threaded tests under TSan
+#    (GCC), and 30 s of each libFuzzer target. Any report fails the run.
+if [ -z "${TQ_SKIP_SANITIZERS:-}" ]; then
+  ./scripts/sanitize.sh
 fi

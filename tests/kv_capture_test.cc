@@ -119,6 +119,16 @@ TEST(KVCaptureTest, DamagedFilesAreErrors) {
   WriteBytes(path, magic);
   EXPECT_FALSE(ReadKVCapture(path).ok());
 
+  // The reserved word (offset 36) must be 0, so that a file that loads
+  // writes back to the same bytes.
+  auto reserved = good;
+  reserved[36] = 1;
+  WriteBytes(path, reserved);
+  auto r = ReadKVCapture(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("reserved header field (offset 36) is 1"), std::string::npos)
+      << r.status().message();
+
   auto zero_len = good;
   zero_len[40] = 0;
   WriteBytes(path, zero_len);

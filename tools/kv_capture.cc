@@ -67,6 +67,10 @@ Result<KVCapture> ReadKVCapture(const std::string& path) {
     return InvalidArgumentError(path + ": K/V capture version " + std::to_string(LoadU32(h + 8)) +
                                 ", this tool reads version 1");
   }
+  if (LoadU32(h + 36) != 0) {
+    return InvalidArgumentError(path + ": K/V capture reserved header field (offset 36) is " +
+                                std::to_string(LoadU32(h + 36)) + "; version 1 files hold 0");
+  }
   KVCapture c;
   c.first_layer = LoadU32(h + 12);
   const uint32_t layers = LoadU32(h + 16);

@@ -43,8 +43,9 @@ struct KVCapture {
   size_t num_seqs() const { return lengths.size(); }
 };
 
-// Errors: unreadable file, wrong magic or version, zero shapes or lengths, a
-// size that does not match the header exactly, non-finite values.
+// Errors: unreadable file, wrong magic or version, a non-zero reserved field,
+// zero shapes or lengths, a size that does not match the header exactly,
+// non-finite values.
 Result<KVCapture> ReadKVCapture(const std::string& path);
 Status WriteKVCapture(const std::string& path, const KVCapture& capture);
 

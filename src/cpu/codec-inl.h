@@ -472,9 +472,10 @@ HWY_NOINLINE void EncodeGroup(const EncodeCtx& ctx, EncodeRow* io, size_t nr, fl
   float* z[kMatRows];
   for (size_t k = 0; k < nr; ++k) {
     x[k] = io[k].x;
-    y[k] = y_buf + k * dim;
+    // y_buf is null unless the rotation is Haar, z_buf unless qjl_dim > 0.
+    y[k] = y_buf != nullptr ? y_buf + k * dim : nullptr;
     r[k] = io[k].r;
-    z[k] = z_buf + k * m;
+    z[k] = z_buf != nullptr ? z_buf + k * m : nullptr;
   }
   if (plan.mse_bits > 0) {
     if (plan.hadamard) {

@@ -12,6 +12,8 @@
 namespace tq::ref {
 
 void PackBits(const uint8_t* values, size_t count, int bits, uint8_t* out) {
+  // count 0 writes nothing, and `out` may then be null (an empty vector's data()).
+  if (count == 0) return;
   std::memset(out, 0, PackedBytes(count, bits));
   size_t bitpos = 0;
   for (size_t i = 0; i < count; ++i) {
