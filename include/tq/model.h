@@ -32,6 +32,7 @@
 
 #include "tq/kv_cache.h"
 #include "tq/status.h"
+#include "tq/weights.h"
 
 namespace tq {
 
@@ -105,6 +106,21 @@ class Model {
   ModelConfig config_;
   std::shared_ptr<const ModelWeights> weights_;
 };
+
+// ---------------------------------------------------------------------------
+// Weight compression of a loaded model (tq eval --weights): the linear layers
+// of every decoder layer (wq, wk, wv, wo, w_gate, w_up, w_down) compressed
+// in `spec` and replaced by the weights their codes stand for
+// (WeightMatrix::Dequantize), so the fp32 runner measures the format's
+// quality. Input group rotations derive from (spec.seed, layer index, input
+// group); the embedding, the norms and the classifier stay fp32.
+struct WeightQuantReport {
+  size_t quantized_weights = 0;  // weights in the compressed matrices
+  size_t bytes = 0;              // their stored bytes
+  double bits_per_weight = 0;    // 8 * bytes / quantized_weights
+};
+Result<Model> QuantizeLinearLayers(const Model& model, const WeightSpec& spec, size_t threads = 0,
+                                   WeightQuantReport* report = nullptr);
 
 // ---------------------------------------------------------------------------
 // The runner: one sequence, its KV (a tq::KVCache with one layer per model

@@ -1,0 +1,176 @@
+// WeightMatrix::Multiply: y = W x for a batch of activations, threads over
+// output rows.
+//   tqB: each batch row's activation is rotated once per input group
+//        (cpu::PrepareQuery, the group's rotation); then every chunk of
+//        output rows walks the groups in ascending order and adds each
+//        group's centroid x rotated-activation sums read straight from the
+//        packed indices, times the stored fp16 scale: at 2 and 4 bits on
+//        one rotation block of <= 512 channels, the integer kernel of
+//        weights/tq_gemv-inl.h (AVX2 and up); otherwise the Highway
+//        key-scoring kernel (cpu::ScoreRows). The group codes of a chunk of
+//        rows are contiguous (the format is group-major).
+//   f16, q4_0: the Highway GEMV kernels of weights/gemv-inl.h.
+//   other baselines: each row dequantized, then fp32 dot products.
+#include <algorithm>
+#include <vector>
+
+#include "core/plan.h"
+#include "core/thread_pool.h"
+#include "cpu/dispatch.h"
+#include "weights/gemv.h"
+#include "weights/internal.h"
+
+namespace tq {
+namespace {
+
+// Output rows per task: a multiple of the key-scoring kernel's 4-row groups,
+// small enough that a chunk's codes of one group stay in L1 for the batch.
+constexpr size_t kRowsPerTask = 64;
+
+// Whether group j runs the integer kernel (weights/gemv.h, TqGroupArgs).
+bool IntegerGroup(const CodecPlan& plan) {
+  const size_t chunk = plan.mse_bits == 4 ? 32 : 64;
+  return (plan.mse_bits == 4 || plan.mse_bits == 2) && plan.num_blocks == 1 && plan.dim % chunk == 0 &&
+         plan.dim <= weights::kTqMaxIntWidth;
+}
+
+void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t batch, float* y,
+                        size_t threads) {
+  const size_t rows = st.rows, cols = st.cols, groups = st.codecs.size();
+  // Each batch row rotated once per input group: xrot [batch][cols]; for the
+  // integer groups also its int16 form xq [batch][cols] and the steps
+  // [group][batch], and the group's int8 centroid table.
+  std::vector<float> xrot(batch * cols);
+  std::vector<int16_t> xq(batch * cols);
+  std::vector<float> steps(groups * batch);
+  std::vector<int8_t> luts(groups * 16);
+  std::vector<uint8_t> integer(groups);
+  for (size_t j = 0; j < groups; ++j) {
+    const CodecPlan& plan = st.codecs[j].plan();
+    const size_t off = st.col_offset[j];
+    integer[j] = IntegerGroup(plan) ? 1 : 0;
+    const float cstep = integer[j] ? weights::TqCentroidTable(plan.blocks[0].centroids, plan.mse_bits,
+                                                              luts.data() + j * 16)
+                                   : 0.0f;
+    for (size_t b = 0; b < batch; ++b) {
+      float* xr = xrot.data() + b * cols + off;
+      cpu::PrepareQuery(plan, x + b * cols + off, xr, nullptr);
+      if (integer[j]) {
+        const float xstep = weights::PrepareTqActivations(xr, plan.dim, plan.mse_bits, xq.data() + b * cols + off);
+        steps[j * batch + b] = cstep * xstep;
+      }
+    }
+  }
+  ParallelFor(rows, threads, kRowsPerTask, [&](size_t begin, size_t end) {
+    float part[kRowsPerTask];
+    for (size_t r0 = begin; r0 < end; r0 += kRowsPerTask) {
+      const size_t n = std::min(kRowsPerTask, end - r0);
+      for (size_t b = 0; b < batch; ++b) std::fill(y + b * rows + r0, y + b * rows + r0 + n, 0.0f);
+      for (size_t j = 0; j < groups; ++j) {
+        const CodecPlan& plan = st.codecs[j].plan();
+        const uint8_t* codes = st.data.data() + st.byte_offset[j] + r0 * plan.row_bytes;
+        if (integer[j]) {
+          weights::TqGroupArgs a;
+          a.codes = codes;
+          a.rows = n;
+          a.row_bytes = plan.row_bytes;
+          a.index_bytes = plan.index_bytes;
+          a.width = plan.dim;
+          a.bits = plan.mse_bits;
+          a.lut = luts.data() + j * 16;
+          a.xq = xq.data() + st.col_offset[j];
+          a.xq_stride = cols;
+          a.step = steps.data() + j * batch;
+          a.batch = batch;
+          a.y = y + r0;
+          a.y_stride = rows;
+          if (weights::TqGroupGemv(a)) continue;
+        }
+        for (size_t b = 0; b < batch; ++b) {
+          cpu::ScoreRows(plan, xrot.data() + b * cols + st.col_offset[j], nullptr, codes, n, part);
+          float* yb = y + b * rows + r0;
+          for (size_t i = 0; i < n; ++i) yb[i] = yb[i] + part[i];
+        }
+      }
+    }
+  });
+}
+
+void MultiplyDequantized(const WeightMatrix::State& st, const float* x, size_t batch, float* y,
+                         size_t threads) {
+  const size_t rows = st.rows, cols = st.cols;
+  ParallelFor(rows, threads, 16, [&](size_t begin, size_t end) {
+    std::vector<float> w(cols);
+    for (size_t r = begin; r < end; ++r) {
+      weights::DequantizeBaselineRow(st.spec, st.data.data() + r * st.row_bytes, cols, w.data());
+      for (size_t b = 0; b < batch; ++b) {
+        const float* xb = x + b * cols;
+        float s = 0.0f;
+        for (size_t c = 0; c < cols; ++c) s += w[c] * xb[c];
+        y[b * rows + r] = s;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Status WeightMatrix::Multiply(std::span<const float> x, size_t batch, std::span<float> y,
+                              const WeightOptions& options) const {
+  const State& st = *state_;
+  if (batch == 0) return InvalidArgumentError("weights: Multiply needs batch >= 1, got 0");
+  if (x.size() != batch * st.cols) {
+    return InvalidArgumentError("weights: Multiply: x must hold batch * cols = " + std::to_string(batch) + " * " +
+                                std::to_string(st.cols) + " floats, got " + std::to_string(x.size()));
+  }
+  if (y.size() != batch * st.rows) {
+    return InvalidArgumentError("weights: Multiply: y must hold batch * rows = " + std::to_string(batch) + " * " +
+                                std::to_string(st.rows) + " floats, got " + std::to_string(y.size()));
+  }
+  const WeightSpec& spec = st.spec;
+  if (spec.format == WeightFormat::kTurboQuant) {
+    MultiplyTurboQuant(st, x.data(), batch, y.data(), options.threads);
+    return Status::Ok();
+  }
+  weights::GemvArgs a;
+  a.w = st.data.data();
+  a.rows = st.rows;
+  a.cols = st.cols;
+  a.row_bytes = st.row_bytes;
+  a.batch = batch;
+  a.y = y.data();
+  if (spec.format == WeightFormat::kF16) {
+    a.x = x.data();
+    a.x_stride = st.cols;
+    ParallelFor(st.rows, options.threads, 16, [&](size_t begin, size_t end) {
+      weights::GemvArgs t = a;
+      t.row_begin = begin;
+      t.row_end = end;
+      weights::GemvF16(t);
+    });
+    return Status::Ok();
+  }
+  if (spec.format == WeightFormat::kAbsmax && spec.bits == 4) {
+    const size_t full = st.cols / kBaselineBlock;
+    std::vector<float> xp(batch * st.cols), sums(batch * (full ? full : 1));
+    for (size_t b = 0; b < batch; ++b) {
+      weights::PrepareQ4Activations(x.data() + b * st.cols, st.cols, xp.data() + b * st.cols,
+                                    sums.data() + b * (full ? full : 1));
+    }
+    a.x = xp.data();
+    a.x_stride = st.cols;
+    a.x_sum = sums.data();
+    a.x_sum_stride = full ? full : 1;
+    ParallelFor(st.rows, options.threads, 16, [&](size_t begin, size_t end) {
+      weights::GemvArgs t = a;
+      t.row_begin = begin;
+      t.row_end = end;
+      weights::GemvQ4(t);
+    });
+    return Status::Ok();
+  }
+  MultiplyDequantized(st, x.data(), batch, y.data(), options.threads);
+  return Status::Ok();
+}
+
+}  // namespace tq
