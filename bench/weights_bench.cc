@@ -18,7 +18,7 @@
 
 namespace {
 
-const char* const kFormats[] = {"f16", "q4_0", "tq4", "tq3", "tq2", "tq8", "q8_0"};
+const char* const kFormats[] = {"f16", "q4_0", "tq4", "tq3", "tq2", "tq8"};
 
 // One compressed matrix per (format, rows, cols), built on first use from
 // the same seeded Gaussian weights.

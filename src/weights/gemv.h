@@ -28,9 +28,12 @@ struct GemvArgs {
 
 // One input group of a tqB matrix (2 or 4 bits, one rotation block of
 // `width` channels, width a multiple of 16 * 8 / bits and <= kTqMaxIntWidth):
-// y[b * y_stride + r] += scale_r * step[b] * sum_i c8[idx_ri] * xq[b][i] for
-// r < rows, b < batch (src/weights/tq_gemv-inl.h).
+// for r < rows, b < batch, the kTqAccLanes fp32 lanes at
+// acc + (r * batch + b) * kTqAccLanes += scale_r * step[b] * the lanes of
+// sum_i c8[idx_ri] * xq[b][i]; y_rb is the sum of the lanes (in lane order)
+// after the last group (src/weights/tq_gemv-inl.h).
 inline constexpr size_t kTqMaxIntWidth = 512;  // int32 sums cannot overflow
+inline constexpr size_t kTqAccLanes = 8;
 struct TqGroupArgs {
   const uint8_t* codes = nullptr;  // [rows][row_bytes]: indices, then the fp16 scale
   size_t rows = 0, row_bytes = 0, index_bytes = 0, width = 0;
@@ -40,8 +43,7 @@ struct TqGroupArgs {
   size_t xq_stride = 0;
   const float* step = nullptr;     // [batch]: centroid step * activation step
   size_t batch = 0;
-  float* y = nullptr;
-  size_t y_stride = 0;
+  float* acc = nullptr;  // [rows][batch][kTqAccLanes]
 };
 // The group's int8 table (lut[16]) and its step max|c| / 127.
 float TqCentroidTable(const float* centroids, int bits, int8_t* lut);

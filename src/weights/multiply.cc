@@ -63,9 +63,11 @@ void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t ba
   }
   ParallelFor(rows, threads, kRowsPerTask, [&](size_t begin, size_t end) {
     float part[kRowsPerTask];
+    std::vector<float> acc(kRowsPerTask * batch * weights::kTqAccLanes);
     for (size_t r0 = begin; r0 < end; r0 += kRowsPerTask) {
       const size_t n = std::min(kRowsPerTask, end - r0);
       for (size_t b = 0; b < batch; ++b) std::fill(y + b * rows + r0, y + b * rows + r0 + n, 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0f);
       for (size_t j = 0; j < groups; ++j) {
         const CodecPlan& plan = st.codecs[j].plan();
         const uint8_t* codes = st.data.data() + st.byte_offset[j] + r0 * plan.row_bytes;
@@ -82,14 +84,22 @@ void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t ba
           a.xq_stride = cols;
           a.step = steps.data() + j * batch;
           a.batch = batch;
-          a.y = y + r0;
-          a.y_stride = rows;
+          a.acc = acc.data();
           if (weights::TqGroupGemv(a)) continue;
         }
         for (size_t b = 0; b < batch; ++b) {
           cpu::ScoreRows(plan, xrot.data() + b * cols + st.col_offset[j], nullptr, codes, n, part);
           float* yb = y + b * rows + r0;
           for (size_t i = 0; i < n; ++i) yb[i] = yb[i] + part[i];
+        }
+      }
+      // The integer groups' lanes, summed in lane order (zero when none ran).
+      for (size_t i = 0; i < n; ++i) {
+        for (size_t b = 0; b < batch; ++b) {
+          const float* l = acc.data() + (i * batch + b) * weights::kTqAccLanes;
+          float s = 0.0f;
+          for (size_t k = 0; k < weights::kTqAccLanes; ++k) s = s + l[k];
+          y[b * rows + r0 + i] = y[b * rows + r0 + i] + s;
         }
       }
     }

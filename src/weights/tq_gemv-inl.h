@@ -5,14 +5,15 @@
 // Integer arithmetic: the group's centroids as int8 (round(c * 127 / max|c|),
 // a 16-byte table read with one byte shuffle per 16 indices), the rotated
 // activation as int16 (round(x * 32767 / max|x|), prepared once per
-// product), int16 x int16 -> int32 pair products summed exactly in int32
-// lanes (no overflow for widths <= kTqMaxIntWidth). Per (row, batch row):
-// y += fp16 scale * (centroid step * activation step) * the int32 sum. The
-// roundings of the two tables are the only difference from tq::ref (bounded
-// in weights_test); the sums are exact, so the result is the same on every
-// target that runs this kernel (x86 AVX2 and up; elsewhere TqGroupGemv
-// returns false and the caller uses the key-scoring kernel) and for every
-// thread count.
+// product), int16 x int16 -> int32 pair products summed exactly in 8 int32
+// lanes (no overflow for widths <= kTqMaxIntWidth). Per (row, batch row)
+// and group: 8 fp32 lanes acc += (fp16 scale * centroid step * activation
+// step) * the int32 lanes; the caller sums the lanes once per row after the
+// last group. The roundings of the two tables are the main difference from
+// tq::ref (bounded in weights_test); the arithmetic order is fixed, so the
+// result is the same on every target that runs this kernel (x86 AVX2 and
+// up, always 8 lanes; elsewhere TqGroupGemv returns false and the caller
+// uses the key-scoring kernel) and for every thread count.
 //
 // Index order: the codes are a b-bit stream (docs/FORMAT.md, section 7), so
 // 16 code bytes hold, at 4 bits, values 2k (low nibbles) and 2k+1 (high
@@ -31,6 +32,10 @@
 
 #include <hwy/highway.h>
 
+#if HWY_ARCH_X86
+#include <immintrin.h>  // _cvtsh_ss (F16C, part of every target >= AVX2)
+#endif
+
 #include "tq/format.h"
 #include "weights/gemv.h"
 
@@ -41,61 +46,90 @@ namespace tq::weights::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
-template <int kBits, size_t NB>
-HWY_INLINE void TqRow(const TqGroupArgs& a, const uint8_t* row, const int16_t* const* xq, int32_t* out) {
+// NR rows' group against NB batch rows: for each (row k, batch row b), 8
+// fp32 lanes acc[k * NB + b] += (scale_k * step[b]) * the int32 lane sums of
+// centroid x activation. Several rows at once share the activation loads and
+// give the core independent chains.
+template <int kBits, size_t NR, size_t NB>
+HWY_INLINE void TqTile(const TqGroupArgs& a, const uint8_t* const* row, const int16_t* const* xq,
+                       const float* step, float* const* acc) {
   const hn::Full128<uint8_t> d8;
   const hn::Full128<uint16_t> d8w;
   const hn::Full256<int16_t> d16;
   const hn::Full256<int32_t> d32;
+  const hn::Full256<float> df;
   const hn::Full128<int8_t> ds8;
   using V32 = hn::Vec<decltype(d32)>;
+  using V16 = hn::Vec<decltype(d16)>;
   const auto lut = hn::LoadU(ds8, a.lut);
   constexpr int kPlanes = 8 / kBits;
   const auto mask = hn::Set(d8, static_cast<uint8_t>((1 << kBits) - 1));
-  V32 acc[NB];
-  for (size_t b = 0; b < NB; ++b) acc[b] = hn::Zero(d32);
-  const size_t chunk = 16 * kPlanes;  // values per 16 code bytes
-  for (size_t i = 0; i < a.width; i += chunk) {
-    const auto v = hn::LoadU(d8, row + i * kBits / 8);
+  V32 sum[NR * NB];
+  for (size_t k = 0; k < NR * NB; ++k) sum[k] = hn::Zero(d32);
+  constexpr size_t kChunk = 16 * kPlanes;  // values per 16 code bytes
+  for (size_t i = 0; i < a.width; i += kChunk) {
+    hn::Vec<decltype(d8)> v[NR];
+    for (size_t k = 0; k < NR; ++k) v[k] = hn::LoadU(d8, row[k] + i * kBits / 8);
     for (int p = 0; p < kPlanes; ++p) {
-      hn::Vec<decltype(d8)> idx;
-      if (p == 0) {
-        idx = hn::And(v, mask);
-      } else {
-        idx = hn::And(hn::BitCast(d8, hn::ShiftRightSame(hn::BitCast(d8w, v), p * kBits)), mask);
-      }
-      const auto c8 = hn::TableLookupBytes(lut, hn::BitCast(ds8, idx));
-      const auto c16 = hn::PromoteTo(d16, c8);
-      for (size_t b = 0; b < NB; ++b) {
-        V32 unused = hn::Zero(d32);
-        acc[b] = hn::ReorderWidenMulAccumulate(d32, c16, hn::LoadU(d16, xq[b] + i + 16 * p), acc[b], unused);
+      V16 x[NB];
+      for (size_t b = 0; b < NB; ++b) x[b] = hn::LoadU(d16, xq[b] + i + 16 * p);
+      for (size_t k = 0; k < NR; ++k) {
+        hn::Vec<decltype(d8)> idx;
+        if (p == 0) {
+          idx = hn::And(v[k], mask);
+        } else {
+          idx = hn::And(hn::BitCast(d8, hn::ShiftRightSame(hn::BitCast(d8w, v[k]), p * kBits)), mask);
+        }
+        const V16 c16 = hn::PromoteTo(d16, hn::TableLookupBytes(lut, hn::BitCast(ds8, idx)));
+        for (size_t b = 0; b < NB; ++b) {
+          V32 unused = hn::Zero(d32);
+          sum[k * NB + b] = hn::ReorderWidenMulAccumulate(d32, c16, x[b], sum[k * NB + b], unused);
+        }
       }
     }
   }
-  for (size_t b = 0; b < NB; ++b) out[b] = hn::GetLane(hn::SumOfLanes(d32, acc[b]));
+  for (size_t k = 0; k < NR; ++k) {
+    const uint8_t* sp = row[k] + a.index_bytes;
+    const float s = _cvtsh_ss(static_cast<unsigned short>(sp[0] | (sp[1] << 8)));
+    for (size_t b = 0; b < NB; ++b) {
+      const auto f = hn::Set(df, s * step[b]);
+      float* out = acc[k * NB + b];
+      hn::StoreU(hn::MulAdd(hn::ConvertTo(df, sum[k * NB + b]), f, hn::LoadU(df, out)), df, out);
+    }
+  }
 }
 
+template <int kBits, size_t NR, size_t NB>
+HWY_INLINE void TqRowsTile(const TqGroupArgs& a, size_t r, size_t b0) {
+  const uint8_t* row[NR];
+  const int16_t* xq[NB];
+  float* acc[NR * NB];
+  for (size_t k = 0; k < NR; ++k) row[k] = a.codes + (r + k) * a.row_bytes;
+  for (size_t b = 0; b < NB; ++b) xq[b] = a.xq + (b0 + b) * a.xq_stride;
+  for (size_t k = 0; k < NR; ++k) {
+    for (size_t b = 0; b < NB; ++b) acc[k * NB + b] = a.acc + ((r + k) * a.batch + b0 + b) * kTqAccLanes;
+  }
+  TqTile<kBits, NR, NB>(a, row, xq, a.step + b0, acc);
+}
+
+// Batch 1: four rows at a time; larger batches: one row against up to four
+// batch rows at a time.
 template <int kBits>
 HWY_INLINE void TqRows(const TqGroupArgs& a) {
-  constexpr size_t kTile = 4;
-  for (size_t r = 0; r < a.rows; ++r) {
-    const uint8_t* row = a.codes + r * a.row_bytes;
-    const float s = HalfToFloat(LoadLE16(row + a.index_bytes));
-    for (size_t b0 = 0; b0 < a.batch; b0 += kTile) {
-      const size_t nb = a.batch - b0 < kTile ? a.batch - b0 : kTile;
-      const int16_t* xq[kTile];
-      int32_t sums[kTile];
-      for (size_t b = 0; b < nb; ++b) xq[b] = a.xq + (b0 + b) * a.xq_stride;
-      switch (nb) {
-        case 1: TqRow<kBits, 1>(a, row, xq, sums); break;
-        case 2: TqRow<kBits, 2>(a, row, xq, sums); break;
-        case 3: TqRow<kBits, 3>(a, row, xq, sums); break;
-        default: TqRow<kBits, 4>(a, row, xq, sums); break;
-      }
-      for (size_t b = 0; b < nb; ++b) {
-        float& y = a.y[(b0 + b) * a.y_stride + r];
-        y = y + s * (a.step[b0 + b] * static_cast<float>(sums[b]));
-      }
+  size_t r = 0;
+  if (a.batch == 1) {
+    for (; r + 4 <= a.rows; r += 4) TqRowsTile<kBits, 4, 1>(a, r, 0);
+    for (; r < a.rows; ++r) TqRowsTile<kBits, 1, 1>(a, r, 0);
+    return;
+  }
+  for (; r < a.rows; ++r) {
+    size_t b0 = 0;
+    for (; b0 + 4 <= a.batch; b0 += 4) TqRowsTile<kBits, 1, 4>(a, r, b0);
+    switch (a.batch - b0) {
+      case 1: TqRowsTile<kBits, 1, 1>(a, r, b0); break;
+      case 2: TqRowsTile<kBits, 1, 2>(a, r, b0); break;
+      case 3: TqRowsTile<kBits, 1, 3>(a, r, b0); break;
+      default: break;
     }
   }
 }
