@@ -21,10 +21,11 @@ void WeightMultiply(const WeightMatrix& m, const float* x, size_t batch, float* 
         const CodecPlan& plan = st.codecs[j].plan();
         xrot.resize(plan.dim);
         PrepareQuery(plan, x + b * cols + st.col_offset[j], xrot.data(), nullptr);
-        const uint8_t* codes = st.data.data() + st.byte_offset[j];
         for (size_t r = 0; r < rows; ++r) {
+          const size_t r0 = r - r % kWeightRowTile;
+          const uint8_t* code = st.data.data() + st.TileGroupOffset(r0, j) + (r - r0) * plan.row_bytes;
           float s = 0.0f;
-          ScoreRows(plan, xrot.data(), nullptr, codes + r * plan.row_bytes, 1, &s);
+          ScoreRows(plan, xrot.data(), nullptr, code, 1, &s);
           yb[r] = yb[r] + s;
         }
       }

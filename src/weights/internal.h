@@ -12,10 +12,17 @@
 
 namespace tq {
 
+// Rows per tile of a tqB matrix.
+inline constexpr size_t kWeightRowTile = 64;
+
 // Layout (docs/FORMAT.md, "Weight matrices"):
-//   tqB: group-major. Group j (input channels [col_offset[j], +cols[j]))
-//        is a [rows][codecs[j].row_bytes()] block of TurboQuant-MSE rows
-//        starting at byte byte_offset[j].
+//   tqB: tiles of kWeightRowTile rows (the last one shorter), one after the
+//        other; inside a tile, group-major: group j (input channels
+//        [col_offset[j], + group_width[j])) is a [tile rows][rb_j] block of
+//        TurboQuant-MSE rows, rb_j = codecs[j].row_bytes(), at
+//        tile start + tile rows * group_prefix[j] (the sum of rb over the
+//        groups before j). row_bytes = the sum of rb_j over all groups.
+//        A product streams the bytes in order.
 //   qB_0, qB_1, f16: row-major, row_bytes bytes a row.
 struct WeightMatrix::State {
   WeightSpec spec;
@@ -26,9 +33,16 @@ struct WeightMatrix::State {
   std::vector<Codec> codecs;
   std::vector<size_t> col_offset;
   std::vector<size_t> group_width;
-  std::vector<size_t> byte_offset;
-  // qB_0, qB_1, f16.
+  std::vector<size_t> group_prefix;
   size_t row_bytes = 0;
+
+  // tqB: the first byte of group j's block in the tile holding row r0
+  // (r0 a multiple of kWeightRowTile); its rows follow with stride rb_j.
+  size_t TileGroupOffset(size_t r0, size_t j) const {
+    const size_t n = rows - r0 < kWeightRowTile ? rows - r0 : kWeightRowTile;
+    return r0 * row_bytes + n * group_prefix[j];
+  }
+  size_t TileRows(size_t r0) const { return rows - r0 < kWeightRowTile ? rows - r0 : kWeightRowTile; }
 };
 
 namespace weights {

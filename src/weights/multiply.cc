@@ -7,8 +7,9 @@
 //        packed indices, times the stored fp16 scale: at 2 and 4 bits on
 //        one rotation block of <= 512 channels, the integer kernel of
 //        weights/tq_gemv-inl.h (AVX2 and up); otherwise the Highway
-//        key-scoring kernel (cpu::ScoreRows). The group codes of a chunk of
-//        rows are contiguous (the format is group-major).
+//        key-scoring kernel (cpu::ScoreRows). A task is a tile of 64 rows
+//        (the format's unit): its groups' codes are contiguous, each group's
+//        a block of 64 rows, so the matrix streams in order.
 //   f16, q4_0: the Highway GEMV kernels of weights/gemv-inl.h.
 //   other baselines: each row dequantized, then fp32 dot products.
 #include <algorithm>
@@ -22,10 +23,6 @@
 
 namespace tq {
 namespace {
-
-// Output rows per task: a multiple of the key-scoring kernel's 4-row groups,
-// small enough that a chunk's codes of one group stay in L1 for the batch.
-constexpr size_t kRowsPerTask = 64;
 
 // Whether group j runs the integer kernel (weights/gemv.h, TqGroupArgs).
 bool IntegerGroup(const CodecPlan& plan) {
@@ -61,16 +58,19 @@ void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t ba
       }
     }
   }
-  ParallelFor(rows, threads, kRowsPerTask, [&](size_t begin, size_t end) {
-    float part[kRowsPerTask];
-    std::vector<float> acc(kRowsPerTask * batch * weights::kTqAccLanes);
-    for (size_t r0 = begin; r0 < end; r0 += kRowsPerTask) {
-      const size_t n = std::min(kRowsPerTask, end - r0);
+  // Tasks are whole row tiles (the format's kWeightRowTile rows).
+  const size_t tiles = (rows + kWeightRowTile - 1) / kWeightRowTile;
+  ParallelFor(tiles, threads, 1, [&](size_t tile_begin, size_t tile_end) {
+    float part[kWeightRowTile];
+    std::vector<float> acc(kWeightRowTile * batch * weights::kTqAccLanes);
+    for (size_t t = tile_begin; t < tile_end; ++t) {
+      const size_t r0 = t * kWeightRowTile;
+      const size_t n = st.TileRows(r0);
       for (size_t b = 0; b < batch; ++b) std::fill(y + b * rows + r0, y + b * rows + r0 + n, 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (size_t j = 0; j < groups; ++j) {
         const CodecPlan& plan = st.codecs[j].plan();
-        const uint8_t* codes = st.data.data() + st.byte_offset[j] + r0 * plan.row_bytes;
+        const uint8_t* codes = st.data.data() + st.TileGroupOffset(r0, j);
         if (integer[j]) {
           weights::TqGroupArgs a;
           a.codes = codes;

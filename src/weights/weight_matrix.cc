@@ -150,10 +150,11 @@ Result<std::shared_ptr<WeightMatrix::State>> MakeState(const WeightSpec& spec, s
       TQ_ASSIGN_OR_RETURN(Codec codec, weights::GroupCodec(spec, j, width));
       st->col_offset.push_back(off);
       st->group_width.push_back(width);
-      st->byte_offset.push_back(total);
-      total += rows * codec.row_bytes();
+      st->group_prefix.push_back(st->row_bytes);
+      st->row_bytes += codec.row_bytes();
       st->codecs.push_back(std::move(codec));
     }
+    total = rows * st->row_bytes;
   } else {
     st->row_bytes = weights::BaselineRowBytes(spec, cols);
     total = rows * st->row_bytes;
@@ -186,6 +187,7 @@ Result<WeightMatrix> WeightMatrix::Quantize(std::span<const float> w, size_t row
   TQ_ASSIGN_OR_RETURN(auto st, MakeState(spec, rows, cols));
   if (spec.format == WeightFormat::kTurboQuant) {
     std::vector<float> part;
+    std::vector<uint8_t> codes;
     for (size_t j = 0; j < st->codecs.size(); ++j) {
       const size_t off = st->col_offset[j], width = st->group_width[j];
       part.resize(rows * width);
@@ -193,11 +195,16 @@ Result<WeightMatrix> WeightMatrix::Quantize(std::span<const float> w, size_t row
         std::copy(w.data() + r * cols + off, w.data() + r * cols + off + width, part.data() + r * width);
       }
       const size_t rb = st->codecs[j].row_bytes();
-      Status s = st->codecs[j].Encode(part, std::span<uint8_t>(st->data.data() + st->byte_offset[j], rows * rb),
-                                      {.threads = options.threads});
+      codes.resize(rows * rb);
+      Status s = st->codecs[j].Encode(part, codes, {.threads = options.threads});
       if (!s.ok()) {
         return Status(s.code(), "weights: input group " + std::to_string(j) + " (columns " + std::to_string(off) +
                                     ".." + std::to_string(off + width - 1) + "): " + s.message());
+      }
+      for (size_t r0 = 0; r0 < rows; r0 += kWeightRowTile) {
+        std::copy(codes.begin() + static_cast<std::ptrdiff_t>(r0 * rb),
+                  codes.begin() + static_cast<std::ptrdiff_t>((r0 + st->TileRows(r0)) * rb),
+                  st->data.begin() + static_cast<std::ptrdiff_t>(st->TileGroupOffset(r0, j)));
       }
     }
   } else {
@@ -257,13 +264,18 @@ Status WeightMatrix::Dequantize(std::span<float> w, const WeightOptions& options
   }
   if (st.spec.format == WeightFormat::kTurboQuant) {
     std::vector<float> part;
+    std::vector<uint8_t> codes;
     for (size_t j = 0; j < st.codecs.size(); ++j) {
       const size_t off = st.col_offset[j], width = st.group_width[j];
       part.resize(st.rows * width);
       const size_t rb = st.codecs[j].row_bytes();
-      TQ_RETURN_IF_ERROR(st.codecs[j].Decode(
-          std::span<const uint8_t>(st.data.data() + st.byte_offset[j], st.rows * rb), part,
-          {.threads = options.threads}));
+      codes.resize(st.rows * rb);
+      for (size_t r0 = 0; r0 < st.rows; r0 += kWeightRowTile) {
+        const auto from = st.data.begin() + static_cast<std::ptrdiff_t>(st.TileGroupOffset(r0, j));
+        std::copy(from, from + static_cast<std::ptrdiff_t>(st.TileRows(r0) * rb),
+                  codes.begin() + static_cast<std::ptrdiff_t>(r0 * rb));
+      }
+      TQ_RETURN_IF_ERROR(st.codecs[j].Decode(codes, part, {.threads = options.threads}));
       for (size_t r = 0; r < st.rows; ++r) {
         std::copy(part.data() + r * width, part.data() + (r + 1) * width, w.data() + r * st.cols + off);
       }
