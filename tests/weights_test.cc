@@ -165,8 +165,8 @@ TEST(WeightMatrixTest, MultiplyMatchesReference) {
   struct Shape {
     size_t rows, cols;
   };
-  const std::vector<Shape> shapes = {{1, 8}, {7, 44}, {67, 172}, {130, 300}, {5, 256}, {9, 33}};
-  const std::vector<const char*> names = {"tq2", "tq3", "tq4", "tq8", "tq4g32", "tq3g8", "q2_0", "q3_0",
+  const std::vector<Shape> shapes = {{1, 8}, {7, 44}, {67, 172}, {130, 300}, {5, 256}, {9, 33}, {3, 576}};
+  const std::vector<const char*> names = {"tq2", "tq3", "tq4", "tq8", "tq4g32", "tq3g8", "tq3g512", "q2_0", "q3_0",
                                           "q4_0", "q8_0", "q4_1", "q3_1", "f16"};
   for (const Shape& sh : shapes) {
     const auto w = Gaussian(sh.rows * sh.cols, sh.rows * 1000 + sh.cols, 0.05f);
@@ -196,7 +196,7 @@ TEST(WeightMatrixTest, MultiplyMatchesReference) {
               xn += static_cast<double>(x[b * sh.cols + c]) * x[b * sh.cols + c];
             }
             tol[b * sh.rows + r] = 2e-5 * (mag + std::sqrt(wn * xn)) + 1e-30;
-            if (spec.format == WeightFormat::kTurboQuant && (spec.bits == 2 || spec.bits == 4)) {
+            if (spec.format == WeightFormat::kTurboQuant && spec.bits <= 4) {
               // The integer kernel's tables: centroids rounded to 1/254 of
               // the largest (s * max|c| <= ||w_group||), activations to
               // 1/65534 of the largest; per group of width n at most

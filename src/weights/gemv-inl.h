@@ -61,8 +61,8 @@ HWY_NOINLINE void GemvF16Impl(const GemvArgs& a) {
     const uint16_t* w = reinterpret_cast<const uint16_t*>(a.w + r * a.row_bytes);
     for (size_t b0 = 0; b0 < a.batch; b0 += kBatchTile) {
       const size_t nb = a.batch - b0 < kBatchTile ? a.batch - b0 : kBatchTile;
-      const float* x[kBatchTile];
-      float out[kBatchTile];
+      const float* x[kBatchTile] = {};
+      float out[kBatchTile] = {};
       for (size_t b = 0; b < nb; ++b) x[b] = a.x + (b0 + b) * a.x_stride;
       switch (nb) {
         case 1: RowF16<1>(w, a.cols, x, out); break;
@@ -126,9 +126,9 @@ HWY_NOINLINE void GemvQ4Impl(const GemvArgs& a) {
     const uint8_t* row = a.w + r * a.row_bytes;
     for (size_t b0 = 0; b0 < a.batch; b0 += kBatchTile) {
       const size_t nb = a.batch - b0 < kBatchTile ? a.batch - b0 : kBatchTile;
-      const float* x[kBatchTile];
-      const float* xs[kBatchTile];
-      float out[kBatchTile];
+      const float* x[kBatchTile] = {};
+      const float* xs[kBatchTile] = {};
+      float out[kBatchTile] = {};
       for (size_t b = 0; b < nb; ++b) {
         x[b] = a.x + (b0 + b) * a.x_stride;
         xs[b] = a.x_sum + (b0 + b) * a.x_sum_stride;

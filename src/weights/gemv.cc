@@ -41,15 +41,27 @@ float TqCentroidTable(const float* centroids, int bits, int8_t* lut) {
 float PrepareTqActivations(const float* x, size_t width, int bits, int16_t* xq) {
   float amax = 0.0f;
   for (size_t i = 0; i < width; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const int planes = 8 / bits;
-  const size_t chunk = 16 * static_cast<size_t>(planes);
   const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-  for (size_t c0 = 0; c0 < width; c0 += chunk) {
-    for (int p = 0; p < planes; ++p) {
-      for (size_t k = 0; k < 16; ++k) {
-        const float v = x[c0 + k * static_cast<size_t>(planes) + static_cast<size_t>(p)] * inv;
-        const long q = std::lrintf(v);
-        xq[c0 + static_cast<size_t>(p) * 16 + k] = static_cast<int16_t>(std::clamp(q, -32767L, 32767L));
+  const auto q = [&](float v) {
+    return static_cast<int16_t>(std::clamp(std::lrintf(v * inv), -32767L, 32767L));
+  };
+  if (bits == 3) {
+    // Per 64 values: plane p (0..7), lane k (0..7) is value 8k + p, stored
+    // as the pair (x, 0).
+    for (size_t c0 = 0; c0 < width; c0 += 64) {
+      for (size_t p = 0; p < 8; ++p) {
+        for (size_t k = 0; k < 8; ++k) {
+          xq[2 * c0 + 16 * p + 2 * k] = q(x[c0 + 8 * k + p]);
+          xq[2 * c0 + 16 * p + 2 * k + 1] = 0;
+        }
+      }
+    }
+  } else {
+    const size_t planes = 8 / static_cast<size_t>(bits);
+    const size_t chunk = 16 * planes;
+    for (size_t c0 = 0; c0 < width; c0 += chunk) {
+      for (size_t p = 0; p < planes; ++p) {
+        for (size_t k = 0; k < 16; ++k) xq[c0 + p * 16 + k] = q(x[c0 + k * planes + p]);
       }
     }
   }

@@ -26,8 +26,9 @@ struct GemvArgs {
   float* y = nullptr;
 };
 
-// One input group of a tqB matrix (2 or 4 bits, one rotation block of
-// `width` channels, width a multiple of 16 * 8 / bits and <= kTqMaxIntWidth):
+// One input group of a tqB matrix (2, 3 or 4 bits, one rotation block of
+// `width` channels, width a multiple of 32 (4 bits) or 64 (2, 3 bits) and
+// <= kTqMaxIntWidth):
 // for r < rows, b < batch, the kTqAccLanes fp32 lanes at
 // acc + (r * batch + b) * kTqAccLanes += scale_r * step[b] * the lanes of
 // sum_i c8[idx_ri] * xq[b][i]; y_rb is the sum of the lanes (in lane order)
@@ -39,7 +40,7 @@ struct TqGroupArgs {
   size_t rows = 0, row_bytes = 0, index_bytes = 0, width = 0;
   int bits = 0;
   const int8_t* lut = nullptr;     // 16 int8 centroids (unused entries 0)
-  const int16_t* xq = nullptr;     // [batch][xq_stride], the kernel's order
+  const int16_t* xq = nullptr;     // [batch][xq_stride], the kernel's order (3 bits: 2 * width)
   size_t xq_stride = 0;
   const float* step = nullptr;     // [batch]: centroid step * activation step
   size_t batch = 0;
@@ -47,8 +48,9 @@ struct TqGroupArgs {
 };
 // The group's int8 table (lut[16]) and its step max|c| / 127.
 float TqCentroidTable(const float* centroids, int bits, int8_t* lut);
-// The group's activation x[width] as int16 in the kernel's order; returns
-// the step max|x| / 32767 (0 for a zero activation).
+// The group's activation x[width] as int16 in the kernel's order (width
+// int16, or 2 * width at 3 bits); returns the step max|x| / 32767 (0 for a
+// zero activation).
 float PrepareTqActivations(const float* x, size_t width, int bits, int16_t* xq);
 // False when this target has no such kernel (the caller scores otherwise).
 bool TqGroupGemv(const TqGroupArgs& args);

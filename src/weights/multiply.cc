@@ -4,7 +4,7 @@
 //        (cpu::PrepareQuery, the group's rotation); then every chunk of
 //        output rows walks the groups in ascending order and adds each
 //        group's centroid x rotated-activation sums read straight from the
-//        packed indices, times the stored fp16 scale: at 2 and 4 bits on
+//        packed indices, times the stored fp16 scale: at 2, 3 and 4 bits on
 //        one rotation block of <= 512 channels, the integer kernel of
 //        weights/tq_gemv-inl.h (AVX2 and up); otherwise the Highway
 //        key-scoring kernel (cpu::ScoreRows). A task is a tile of 64 rows
@@ -27,7 +27,7 @@ namespace {
 // Whether group j runs the integer kernel (weights/gemv.h, TqGroupArgs).
 bool IntegerGroup(const CodecPlan& plan) {
   const size_t chunk = plan.mse_bits == 4 ? 32 : 64;
-  return (plan.mse_bits == 4 || plan.mse_bits == 2) && plan.num_blocks == 1 && plan.dim % chunk == 0 &&
+  return plan.mse_bits >= 2 && plan.mse_bits <= 4 && plan.num_blocks == 1 && plan.dim % chunk == 0 &&
          plan.dim <= weights::kTqMaxIntWidth;
 }
 
@@ -38,7 +38,7 @@ void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t ba
   // integer groups also its int16 form xq [batch][cols] and the steps
   // [group][batch], and the group's int8 centroid table.
   std::vector<float> xrot(batch * cols);
-  std::vector<int16_t> xq(batch * cols);
+  std::vector<int16_t> xq(batch * 2 * cols);  // group j at 2 * col_offset[j]
   std::vector<float> steps(groups * batch);
   std::vector<int8_t> luts(groups * 16);
   std::vector<uint8_t> integer(groups);
@@ -53,7 +53,8 @@ void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t ba
       float* xr = xrot.data() + b * cols + off;
       cpu::PrepareQuery(plan, x + b * cols + off, xr, nullptr);
       if (integer[j]) {
-        const float xstep = weights::PrepareTqActivations(xr, plan.dim, plan.mse_bits, xq.data() + b * cols + off);
+        const float xstep =
+            weights::PrepareTqActivations(xr, plan.dim, plan.mse_bits, xq.data() + b * 2 * cols + 2 * off);
         steps[j * batch + b] = cstep * xstep;
       }
     }
@@ -80,8 +81,8 @@ void MultiplyTurboQuant(const WeightMatrix::State& st, const float* x, size_t ba
           a.width = plan.dim;
           a.bits = plan.mse_bits;
           a.lut = luts.data() + j * 16;
-          a.xq = xq.data() + st.col_offset[j];
-          a.xq_stride = cols;
+          a.xq = xq.data() + 2 * st.col_offset[j];
+          a.xq_stride = 2 * cols;
           a.step = steps.data() + j * batch;
           a.batch = batch;
           a.acc = acc.data();

@@ -17,9 +17,10 @@
 //
 // Index order: the codes are a b-bit stream (docs/FORMAT.md, section 7), so
 // 16 code bytes hold, at 4 bits, values 2k (low nibbles) and 2k+1 (high
-// nibbles); at 2 bits, values 4k + p in bits 2p..2p+1. The activation is
-// prepared in the matching order (PrepareTqActivations): per 32 (4-bit) or
-// 64 (2-bit) values, the values of each bit plane in turn.
+// nibbles); at 2 bits, values 4k + p in bits 2p..2p+1; 24 bytes hold 64
+// 3-bit values (Sums3). The activation is prepared in the matching order
+// (PrepareTqActivations): per 32 (4-bit) or 64 (2-, 3-bit) values, the
+// values of each plane in turn.
 #if defined(TQ_SRC_WEIGHTS_TQ_GEMV_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TQ_SRC_WEIGHTS_TQ_GEMV_INL_H_
 #undef TQ_SRC_WEIGHTS_TQ_GEMV_INL_H_
@@ -46,6 +47,53 @@ namespace tq::weights::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
+// 3 bits: 24 code bytes hold 64 values. 32-bit lane k of a 256-bit vector
+// gets bytes 3k..3k+2 (values 8k..8k+7 of the chunk); plane p (0..7) is
+// (lane >> 3p) & 7, looked up in an 8-entry int32 table (one lane
+// permute). The activation of plane p, lane k (value 8k + p) is stored as the
+// int16 pair (x, 0), so the pair product gives c * x exactly.
+template <size_t NR, size_t NB>
+HWY_INLINE void Sums3(const TqGroupArgs& a, const uint8_t* const* row, const int16_t* const* xq,
+                      hn::Vec<hn::Full256<int32_t>>* sum) {
+  const hn::Full128<uint8_t> d8;
+  const hn::Full256<uint8_t> d8x2;
+  const hn::Full256<uint32_t> du32;
+  const hn::Full256<int32_t> d32;
+  const hn::Full256<int16_t> d16;
+  using V32 = hn::Vec<decltype(d32)>;
+  // Lane 0 (low 128 bits) holds bytes 0..15 of the chunk, lane 1 bytes
+  // 8..23: words 0..3 from bytes 0..11, words 4..7 from bytes 12..23.
+  alignas(32) static constexpr uint8_t kSpread[32] = {
+      0, 1, 2, 0x80, 3, 4, 5, 0x80, 6, 7, 8, 0x80, 9, 10, 11, 0x80,
+      4, 5, 6, 0x80, 7, 8, 9, 0x80, 10, 11, 12, 0x80, 13, 14, 15, 0x80};
+  const auto spread = hn::Load(d8x2, kSpread);
+  int32_t lut32[8];
+  for (int i = 0; i < 8; ++i) lut32[i] = a.lut[i];
+  const V32 lut = hn::LoadU(d32, lut32);
+  const auto mask = hn::Set(du32, 7u);
+  for (size_t i = 0; i < a.width; i += 64) {
+    hn::Vec<decltype(du32)> w[NR];
+    for (size_t k = 0; k < NR; ++k) {
+      const uint8_t* p = row[k] + i * 3 / 8;
+      const auto both = hn::Combine(d8x2, hn::LoadU(d8, p + 8), hn::LoadU(d8, p));
+      w[k] = hn::BitCast(du32, hn::TableLookupBytesOr0(both, spread));
+    }
+    for (int p = 0; p < 8; ++p) {
+      hn::Vec<decltype(d16)> x[NB];
+      for (size_t b = 0; b < NB; ++b) x[b] = hn::LoadU(d16, xq[b] + 2 * i + 16 * p);
+      for (size_t k = 0; k < NR; ++k) {
+        const auto idx = hn::BitCast(d32, hn::And(hn::ShiftRightSame(w[k], 3 * p), mask));
+        const V32 c = hn::TableLookupLanes(lut, hn::IndicesFromVec(d32, idx));
+        for (size_t b = 0; b < NB; ++b) {
+          V32 unused = hn::Zero(d32);
+          sum[k * NB + b] =
+              hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, c), x[b], sum[k * NB + b], unused);
+        }
+      }
+    }
+  }
+}
+
 // NR rows' group against NB batch rows: for each (row k, batch row b), 8
 // fp32 lanes acc[k * NB + b] += (scale_k * step[b]) * the int32 lane sums of
 // centroid x activation. Several rows at once share the activation loads and
@@ -62,10 +110,13 @@ HWY_INLINE void TqTile(const TqGroupArgs& a, const uint8_t* const* row, const in
   using V32 = hn::Vec<decltype(d32)>;
   using V16 = hn::Vec<decltype(d16)>;
   const auto lut = hn::LoadU(ds8, a.lut);
-  constexpr int kPlanes = 8 / kBits;
+  constexpr int kPlanes = kBits == 3 ? 1 : 8 / kBits;
   const auto mask = hn::Set(d8, static_cast<uint8_t>((1 << kBits) - 1));
   V32 sum[NR * NB];
   for (size_t k = 0; k < NR * NB; ++k) sum[k] = hn::Zero(d32);
+  if constexpr (kBits == 3) {
+    Sums3<NR, NB>(a, row, xq, sum);
+  } else {
   constexpr size_t kChunk = 16 * kPlanes;  // values per 16 code bytes
   for (size_t i = 0; i < a.width; i += kChunk) {
     hn::Vec<decltype(d8)> v[NR];
@@ -87,6 +138,7 @@ HWY_INLINE void TqTile(const TqGroupArgs& a, const uint8_t* const* row, const in
         }
       }
     }
+  }
   }
   for (size_t k = 0; k < NR; ++k) {
     const uint8_t* sp = row[k] + a.index_bytes;
@@ -141,6 +193,10 @@ HWY_NOINLINE bool TqGroupGemvImpl(const TqGroupArgs& a) {
   }
   if (a.bits == 2) {
     TqRows<2>(a);
+    return true;
+  }
+  if (a.bits == 3) {
+    TqRows<3>(a);
     return true;
   }
   return false;
