@@ -79,15 +79,13 @@ HWY_INLINE void Sums3(const TqGroupArgs& a, const uint8_t* const* row, const int
       w[k] = hn::BitCast(du32, hn::TableLookupBytesOr0(both, spread));
     }
     for (int p = 0; p < 8; ++p) {
-      hn::Vec<decltype(d16)> x[NB];
-      for (size_t b = 0; b < NB; ++b) x[b] = hn::LoadU(d16, xq[b] + 2 * i + 16 * p);
       for (size_t k = 0; k < NR; ++k) {
         const auto idx = hn::BitCast(d32, hn::And(hn::ShiftRightSame(w[k], 3 * p), mask));
         const V32 c = hn::TableLookupLanes(lut, hn::IndicesFromVec(d32, idx));
         for (size_t b = 0; b < NB; ++b) {
           V32 unused = hn::Zero(d32);
-          sum[k * NB + b] =
-              hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, c), x[b], sum[k * NB + b], unused);
+          const auto x = hn::LoadU(d16, xq[b] + 2 * i + 16 * p);
+          sum[k * NB + b] = hn::ReorderWidenMulAccumulate(d32, hn::BitCast(d16, c), x, sum[k * NB + b], unused);
         }
       }
     }
@@ -122,8 +120,6 @@ HWY_INLINE void TqTile(const TqGroupArgs& a, const uint8_t* const* row, const in
     hn::Vec<decltype(d8)> v[NR];
     for (size_t k = 0; k < NR; ++k) v[k] = hn::LoadU(d8, row[k] + i * kBits / 8);
     for (int p = 0; p < kPlanes; ++p) {
-      V16 x[NB];
-      for (size_t b = 0; b < NB; ++b) x[b] = hn::LoadU(d16, xq[b] + i + 16 * p);
       for (size_t k = 0; k < NR; ++k) {
         hn::Vec<decltype(d8)> idx;
         if (p == 0) {
@@ -134,7 +130,8 @@ HWY_INLINE void TqTile(const TqGroupArgs& a, const uint8_t* const* row, const in
         const V16 c16 = hn::PromoteTo(d16, hn::TableLookupBytes(lut, hn::BitCast(ds8, idx)));
         for (size_t b = 0; b < NB; ++b) {
           V32 unused = hn::Zero(d32);
-          sum[k * NB + b] = hn::ReorderWidenMulAccumulate(d32, c16, x[b], sum[k * NB + b], unused);
+          const V16 x = hn::LoadU(d16, xq[b] + i + 16 * p);
+          sum[k * NB + b] = hn::ReorderWidenMulAccumulate(d32, c16, x, sum[k * NB + b], unused);
         }
       }
     }
@@ -164,8 +161,8 @@ HWY_INLINE void TqRowsTile(const TqGroupArgs& a, size_t r, size_t b0) {
   TqTile<kBits, NR, NB>(a, row, xq, a.step + b0, acc);
 }
 
-// Batch 1: four rows at a time; larger batches: one row against up to four
-// batch rows at a time.
+// Batch 1: four rows at a time; larger batches: one row against up to eight
+// batch rows at a time (the row's codes unpacked once for them).
 template <int kBits>
 HWY_INLINE void TqRows(const TqGroupArgs& a) {
   size_t r = 0;
@@ -176,7 +173,11 @@ HWY_INLINE void TqRows(const TqGroupArgs& a) {
   }
   for (; r < a.rows; ++r) {
     size_t b0 = 0;
-    for (; b0 + 4 <= a.batch; b0 += 4) TqRowsTile<kBits, 1, 4>(a, r, b0);
+    for (; b0 + 8 <= a.batch; b0 += 8) TqRowsTile<kBits, 1, 8>(a, r, b0);
+    if (b0 + 4 <= a.batch) {
+      TqRowsTile<kBits, 1, 4>(a, r, b0);
+      b0 += 4;
+    }
     switch (a.batch - b0) {
       case 1: TqRowsTile<kBits, 1, 1>(a, r, b0); break;
       case 2: TqRowsTile<kBits, 1, 2>(a, r, b0); break;
