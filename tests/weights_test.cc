@@ -103,9 +103,11 @@ TEST(WeightMatrixTest, BitsPerWeightCountsEveryByte) {
   EXPECT_DOUBLE_EQ(n->bits_per_weight(), 4.25);
 }
 
-// iid Gaussian weights: every rotated group is a Gaussian vector, so the
-// relative squared error of tqB is the codebook's total MSE (paper Thm 1)
-// up to sampling noise; more bits, less error.
+// iid Gaussian weights: every rotated group is a Gaussian vector. With the
+// norm as the scale the relative squared error would be the codebook's total
+// MSE (paper Thm 1); the encoder's scale search (which includes the
+// norm's grid point with a least-squares scale) can only lower it (by 8% at
+// 3 bits and more at 4 here). More bits, less error.
 TEST(WeightMatrixTest, TurboQuantErrorMatchesTheCodebook) {
   const size_t rows = 256, cols = 512;
   const auto w = Gaussian(rows * cols, 4, 0.02f);
@@ -118,7 +120,9 @@ TEST(WeightMatrixTest, TurboQuantErrorMatchesTheCodebook) {
     ASSERT_TRUE(m->Dequantize(back).ok());
     const double err = RelativeError(w, back);
     const double expected = (*Codebook::Get(CodebookFamily::kSphere, 128, bits))->total_mse();
-    EXPECT_NEAR(err, expected, 0.1 * expected + 1e-6) << "bits " << bits;
+    EXPECT_LE(err, expected) << "bits " << bits;
+    EXPECT_GE(err, 0.6 * expected) << "bits " << bits;
+    if (bits == 3 || bits == 4) EXPECT_LE(err, 0.95 * expected) << "bits " << bits;
     EXPECT_LT(err, prev);
     prev = err;
   }

@@ -8,9 +8,10 @@
 //   tqB   TurboQuant (B = 2..8 bits): each row is cut into groups of `group`
 //         input channels (default 128; the last group is cols % group when
 //         that is not zero, and a matrix narrower than `group` is one group
-//         of cols). Group j of every row is a TurboQuant-MSE code
-//         (tq::Codec, kind mse, block-Hadamard rotation, sphere codebook,
-//         fp16 norm-corrected scale per rotation block) with the rotation
+//         of cols). Group j of every row is stored in the TurboQuant-MSE row
+//         layout (tq::Codec, kind mse, block-Hadamard rotation, sphere
+//         codebook, fp16 scale per rotation block; the encoder picks the
+//         indices and a least-squares scale by a scale search) with the rotation
 //         seeded by (seed, layer, head = j): one rotation per (layer, input
 //         group), shared by all rows, so a product rotates the activation
 //         once per group and then reads centroid x activation sums straight

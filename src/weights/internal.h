@@ -57,6 +57,13 @@ size_t BaselineRowBytes(const WeightSpec& spec, size_t cols);
 void QuantizeBaselineRow(const WeightSpec& spec, const float* w, size_t cols, uint8_t* out);
 void DequantizeBaselineRow(const WeightSpec& spec, const uint8_t* in, size_t cols, float* w);
 
+// tqB encoder (tq_encode.cc): w [rows][codec.dim()] -> out [rows][row_bytes]
+// in the codec's row layout; per rotation block, the indices of u / alpha
+// (u = the rotated block over its norm) for the grid alpha = 0.75, 0.775,
+// ..., 1.25 whose least-squares scale gives the smallest squared error, and
+// that scale (fp16). Errors: a scale that overflows fp16 (names the row).
+Status EncodeTqGroup(const Codec& codec, const float* w, size_t rows, uint8_t* out, size_t threads);
+
 // The (seed, layer, group) codec of a tqB matrix's input group of `width` channels.
 Result<Codec> GroupCodec(const WeightSpec& spec, size_t group_index, size_t width);
 

@@ -196,7 +196,7 @@ Result<WeightMatrix> WeightMatrix::Quantize(std::span<const float> w, size_t row
       }
       const size_t rb = st->codecs[j].row_bytes();
       codes.resize(rows * rb);
-      Status s = st->codecs[j].Encode(part, codes, {.threads = options.threads});
+      Status s = weights::EncodeTqGroup(st->codecs[j], part.data(), rows, codes.data(), options.threads);
       if (!s.ok()) {
         return Status(s.code(), "weights: input group " + std::to_string(j) + " (columns " + std::to_string(off) +
                                     ".." + std::to_string(off + width - 1) + "): " + s.message());
