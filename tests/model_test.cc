@@ -690,6 +690,42 @@ TEST(Llama2c, TruncatedOrPaddedCheckpointsAreRejected) {
 }
 
 // ---------------------------------------------------------------------------
+// Compressed linear layers (tq eval --weights).
+// ---------------------------------------------------------------------------
+TEST(QuantizeLinearLayers, ReplacesTheLinearMatricesOnly) {
+  const PlainModel p = SyntheticPlain();
+  auto m = ToModel(p);
+  ASSERT_TRUE(m.ok());
+  const ModelConfig& c = m->config();
+  const size_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const size_t per_layer = 2 * qd * c.dim + 2 * kvd * c.dim + 3 * c.hidden_dim * c.dim;
+  const auto tokens = SomeTokens(24, p.V, 5);
+  const auto ref = RunLogits(*m, tokens, DenseF32(), false);
+  double prev = 1e30;
+  for (const char* name : {"tq2", "tq4", "tq8", "f16"}) {
+    auto spec = ParseWeightSpec(name);
+    ASSERT_TRUE(spec.ok());
+    WeightQuantReport rep;
+    auto q = QuantizeLinearLayers(*m, *spec, 2, &rep);
+    ASSERT_TRUE(q.ok()) << name << ": " << q.status().ToString();
+    EXPECT_EQ(rep.quantized_weights, c.num_layers * per_layer) << name;
+    EXPECT_DOUBLE_EQ(rep.bits_per_weight, 8.0 * static_cast<double>(rep.bytes) / static_cast<double>(rep.quantized_weights));
+    // Embedding and norms are untouched; the linear layers changed (f16 by rounding).
+    EXPECT_EQ(q->weights().embedding, m->weights().embedding);
+    EXPECT_EQ(q->weights().layers[0].attn_norm, m->weights().layers[0].attn_norm);
+    EXPECT_NE(q->weights().layers[0].wq, m->weights().layers[0].wq);
+    const double err = MaxAbsDiff(RunLogits(*q, tokens, DenseF32(), false), ref);
+    EXPECT_LT(err, prev) << name << ": the logits' error must fall as the weight bits rise";
+    prev = err;
+  }
+  EXPECT_LT(prev, 1e-2);  // f16 weights
+  auto bad = QuantizeLinearLayers(*m, {.format = WeightFormat::kTurboQuant, .bits = 1}, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("layer 0 wq"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("bits must be in 2..8"));
+}
+
+// ---------------------------------------------------------------------------
 // Runner behaviour through the public attention API.
 // ---------------------------------------------------------------------------
 TEST(Runner, EveryPresetRunsAndFp16IsClose) {
