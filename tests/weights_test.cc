@@ -169,8 +169,8 @@ TEST(WeightMatrixTest, MultiplyMatchesReference) {
   struct Shape {
     size_t rows, cols;
   };
-  const std::vector<Shape> shapes = {{1, 8}, {7, 44}, {67, 172}, {130, 300}, {5, 256}, {9, 33}, {3, 576}};
-  const std::vector<const char*> names = {"tq2", "tq3", "tq4", "tq8", "tq4g32", "tq3g8", "tq3g512", "q2_0", "q3_0",
+  const std::vector<Shape> shapes = {{1, 8}, {7, 44}, {67, 172}, {130, 300}, {5, 256}, {9, 33}, {3, 576}, {2, 1100}};
+  const std::vector<const char*> names = {"tq2", "tq3", "tq4", "tq8", "tq4g32", "tq3g8", "tq3g512", "tq4g1024", "q2_0", "q3_0",
                                           "q4_0", "q8_0", "q4_1", "q3_1", "f16"};
   for (const Shape& sh : shapes) {
     const auto w = Gaussian(sh.rows * sh.cols, sh.rows * 1000 + sh.cols, 0.05f);
@@ -239,6 +239,28 @@ TEST(WeightMatrixTest, MultiplyMatchesReference) {
         });
       }
     }
+  }
+}
+
+// Bytes from anywhere (FromBytes) multiply without crashing: indices are
+// always in range, scales may be any fp16 (outputs may then be inf or NaN).
+TEST(WeightMatrixTest, AnyBytesMultiply) {
+  const size_t rows = 70, cols = 300;
+  SplitMix64 g(99);
+  for (const char* name : {"tq2", "tq3", "tq4", "tq8", "q4_0", "q3_1", "f16"}) {
+    const WeightSpec spec = Spec(name);
+    auto size = WeightMatrix::ByteSize(spec, rows, cols);
+    ASSERT_TRUE(size.ok());
+    std::vector<uint8_t> bytes(*size);
+    for (auto& b : bytes) b = static_cast<uint8_t>(g.Next());
+    auto m = WeightMatrix::FromBytes(spec, rows, cols, bytes);
+    ASSERT_TRUE(m.ok()) << name;
+    const auto x = Gaussian(2 * cols, 3);
+    std::vector<float> y(2 * rows), back(rows * cols);
+    EXPECT_TRUE(m->Multiply(x, 2, y, {.threads = 2}).ok()) << name;
+    EXPECT_TRUE(m->Dequantize(back).ok()) << name;
+    std::vector<float> want(y.size());
+    ref::WeightMultiply(*m, x.data(), 2, want.data());  // the reference too
   }
 }
 
