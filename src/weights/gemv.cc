@@ -42,8 +42,11 @@ float PrepareTqActivations(const float* x, size_t width, int bits, int16_t* xq) 
   float amax = 0.0f;
   for (size_t i = 0; i < width; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+  // Round half away from zero (|v * inv| <= 32767 up to rounding, clamped).
   const auto q = [&](float v) {
-    return static_cast<int16_t>(std::clamp(std::lrintf(v * inv), -32767L, 32767L));
+    const float r = v * inv;
+    const int t = static_cast<int>(r + (r >= 0.0f ? 0.5f : -0.5f));
+    return static_cast<int16_t>(std::clamp(t, -32767, 32767));
   };
   if (bits == 3) {
     // Per 64 values: plane p (0..7), lane k (0..7) is value 8k + p, stored
