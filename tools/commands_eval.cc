@@ -484,8 +484,9 @@ void PrintReport(const EvalReport& r, size_t greedy_len) {
 
 Status Plot(const EvalReport& r, const std::string& path) {
   PlotSpec plot;
-  plot.title = "KL of next-token distribution vs bits per value: " + r.model;
-  plot.x_label = "bits per value (K and V, all metadata)";
+  const bool weights = std::any_of(r.rows.begin(), r.rows.end(), [](const EvalRow& x) { return x.weights != "f32"; });
+  plot.title = std::string("KL of next-token distribution vs bits per ") + (weights ? "weight: " : "value: ") + r.model;
+  plot.x_label = weights ? "bits per weight (linear layers, all scales)" : "bits per value (K and V, all metadata)";
   plot.y_label = "mean KL vs dense fp32 (nats)";
   plot.log_y = true;
   std::map<std::string, std::vector<std::pair<double, double>>> fam;
