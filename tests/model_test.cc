@@ -692,6 +692,8 @@ TEST(Llama2c, TruncatedOrPaddedCheckpointsAreRejected) {
 // ---------------------------------------------------------------------------
 // Compressed linear layers (tq eval --weights).
 // ---------------------------------------------------------------------------
+WeightSpec Spec4() { return {.format = WeightFormat::kTurboQuant, .bits = 4}; }
+
 TEST(QuantizeLinearLayers, ReplacesTheLinearMatricesOnly) {
   const PlainModel p = SyntheticPlain();
   auto m = ToModel(p);
@@ -719,6 +721,34 @@ TEST(QuantizeLinearLayers, ReplacesTheLinearMatricesOnly) {
     prev = err;
   }
   EXPECT_LT(prev, 1e-2);  // f16 weights
+  // Products from the codes (the fast kernels) against the reconstruction:
+  // f16 and q4_0 to fp32 rounding, tq4 within its integer kernel's rounding.
+  for (const char* name : {"f16", "q4_0", "tq4", "tq3"}) {
+    auto spec = ParseWeightSpec(name);
+    ASSERT_TRUE(spec.ok());
+    auto recon = QuantizeLinearLayers(*m, *spec, 2);
+    auto coded = QuantizeLinearLayers(*m, *spec, 2, nullptr, true);
+    ASSERT_TRUE(recon.ok() && coded.ok());
+    EXPECT_TRUE(recon->weights().layers[0].codes.empty());
+    ASSERT_EQ(coded->weights().layers[0].codes.size(), 7u);
+    EXPECT_EQ(coded->weights().layers[1].wq, recon->weights().layers[1].wq);
+    const auto a = RunLogits(*recon, tokens, DenseF32(), false);
+    const auto b = RunLogits(*coded, tokens, DenseF32(), false);
+    double scale = 0;
+    for (float v : a) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+    const double bound = spec->format == WeightFormat::kTurboQuant ? 0.05 : 1e-4;
+    EXPECT_LT(MaxAbsDiff(b, a), bound * scale) << name;
+    EXPECT_GT(MaxAbsDiff(b, a), 0.0) << name << ": the codes path must be a different computation";
+  }
+  // A model whose codes do not match its shapes is refused.
+  ModelWeights broken = m->weights();
+  auto coded = QuantizeLinearLayers(*m, Spec4(), 1, nullptr, true);
+  ASSERT_TRUE(coded.ok());
+  broken.layers[0].codes = coded->weights().layers[0].codes;
+  std::swap(broken.layers[0].codes[0], broken.layers[0].codes[6]);
+  auto refused = Model::FromWeights(m->config(), broken);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("codes wq"));
   auto bad = QuantizeLinearLayers(*m, {.format = WeightFormat::kTurboQuant, .bits = 1}, 1);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("layer 0 wq"));

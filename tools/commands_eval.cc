@@ -278,10 +278,10 @@ Result<EvalReport> RunEval(const EvalOptions& o, const std::function<void(size_t
       TQ_ASSIGN_OR_RETURN(WeightSpec spec, ParseWeightSpec(wname));
       spec.seed = o.seed;
       WeightQuantReport wr;
-      TQ_ASSIGN_OR_RETURN(Model qm, QuantizeLinearLayers(model, spec, o.threads, &wr));
+      TQ_ASSIGN_OR_RETURN(Model qm, QuantizeLinearLayers(model, spec, o.threads, &wr, o.weights_from_codes));
       auto shared = std::make_shared<const Model>(std::move(qm));
       for (Mode m : modes) {
-        m.weights = wname;
+        m.weights = o.weights_from_codes ? wname + ":codes" : wname;
         m.bits_per_weight = wr.bits_per_weight;
         m.model = shared;
         crossed.push_back(std::move(m));
@@ -583,6 +583,9 @@ void RegisterEval(CLI::App& app) {
   cmd->add_option("--weights", a->weights,
                   "comma-separated weight formats for the linear layers (tq2, tq3, tq4, tq8, tq4g64, q4_0, "
                   "q3_0, q8_0, q4_1, f16, ...): every preset runs once per format; default fp32 weights");
+  cmd->add_flag("--weights-from-codes", a->o.weights_from_codes,
+               "compute the compressed layers' products from the codes (the fast kernels), not on their "
+               "fp32 reconstruction");
   cmd->add_option("--context", a->o.context, "window length in tokens (default: the model's max_seq_len)");
   cmd->add_option("--max-tokens", a->o.max_tokens, "use at most this many input tokens");
   cmd->add_option("--threads", a->o.threads, "threads (0 = all)")->capture_default_str();

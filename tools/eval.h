@@ -28,6 +28,10 @@ struct EvalOptions {
   // once per format on the model whose linear layers carry that format's
   // reconstruction (QuantizeLinearLayers); empty = fp32 weights only.
   std::vector<std::string> weights;
+  // Run those layers' products from the codes (WeightMatrix::Multiply, the
+  // fast kernels) instead of on their fp32 reconstruction; rows are labelled
+  // "<format>:codes".
+  bool weights_from_codes = false;
   size_t context = 0;      // window length in tokens, BOS included; 0 = the model's max_seq_len
   size_t max_tokens = 0;   // evaluate at most this many input tokens (0 = all)
   size_t threads = 0;
