@@ -1,7 +1,10 @@
 // tq::WeightMatrix: spec parsing and validation, quantization, byte
 // wrapping and dequantization. The products live in multiply.cc.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
