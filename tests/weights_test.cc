@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -170,8 +171,8 @@ TEST(WeightMatrixTest, MultiplyMatchesReference) {
     size_t rows, cols;
   };
   const std::vector<Shape> shapes = {{1, 8}, {7, 44}, {67, 172}, {130, 300}, {5, 256}, {9, 33}, {3, 576}, {2, 1100}};
-  const std::vector<const char*> names = {"tq2", "tq3", "tq4", "tq8", "tq4g32", "tq3g8", "tq3g512", "tq4g1024", "q2_0", "q3_0",
-                                          "q4_0", "q8_0", "q4_1", "q3_1", "f16"};
+  const std::vector<const char*> names = {"tq2",  "tq3",  "tq4",  "tq8",  "tq4g32", "tq3g8", "tq3g512", "tq4g1024",
+                                          "q2_0", "q3_0", "q4_0", "q8_0", "q4_1",   "q3_1",  "f16"};
   for (const Shape& sh : shapes) {
     const auto w = Gaussian(sh.rows * sh.cols, sh.rows * 1000 + sh.cols, 0.05f);
     for (const char* name : names) {
@@ -301,6 +302,9 @@ TEST(WeightMatrixTest, BadInputIsAClearError) {
   expect_error(m->Multiply(x, 0, y), "batch >= 1");
   expect_error(m->Multiply(std::span<const float>(x.data(), 63), 1, y), "x must hold");
   expect_error(m->Multiply(x, 1, std::span<float>(y.data(), 3)), "y must hold");
+  x[7] = std::numeric_limits<float>::infinity();
+  expect_error(m->Multiply(x, 1, y), "x[0][7] is not finite");
+  x[7] = 0.0f;
   std::vector<float> back(10);
   expect_error(m->Dequantize(back), "Dequantize needs 256 floats");
   std::vector<uint8_t> bytes(m->bytes().begin(), m->bytes().end());

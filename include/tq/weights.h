@@ -105,7 +105,8 @@ class WeightMatrix {
   Status Dequantize(std::span<float> w, const WeightOptions& options = {}) const;
   // y[b][r] = sum_c W[r][c] * x[b][c] for b < batch: x [batch][cols],
   // y [batch][rows], fp32. The fast CPU kernels (Highway, threads over
-  // rows). Errors: batch 0, sizes that do not match (names both).
+  // rows). Errors: batch 0, sizes that do not match (names both), a
+  // non-finite activation (names batch row and column).
   Status Multiply(std::span<const float> x, size_t batch, std::span<float> y,
                   const WeightOptions& options = {}) const;
 

@@ -13,6 +13,8 @@
 //   f16, q4_0: the Highway GEMV kernels of weights/gemv-inl.h.
 //   other baselines: each row dequantized, then fp32 dot products.
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/plan.h"
@@ -137,6 +139,14 @@ Status WeightMatrix::Multiply(std::span<const float> x, size_t batch, std::span<
   if (y.size() != batch * st.rows) {
     return InvalidArgumentError("weights: Multiply: y must hold batch * rows = " + std::to_string(batch) + " * " +
                                 std::to_string(st.rows) + " floats, got " + std::to_string(y.size()));
+  }
+  // The integer kernel rounds the activation to int16: a non-finite value
+  // has no such rounding, so every format refuses it alike.
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) {
+      return InvalidArgumentError("weights: Multiply: x[" + std::to_string(i / st.cols) + "][" +
+                                  std::to_string(i % st.cols) + "] is not finite");
+    }
   }
   const WeightSpec& spec = st.spec;
   if (spec.format == WeightFormat::kTurboQuant) {
