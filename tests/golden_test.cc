@@ -11,6 +11,7 @@
 
 #include "cpu/dispatch.h"
 #include "tq/codec.h"
+#include "tq/weights.h"
 #include "simd_targets.h"
 
 namespace tq {
@@ -103,6 +104,45 @@ TEST(GoldenTest, SplitRecipeBytes) {
   ASSERT_TRUE(c->Encode(x, codes).ok());
   const uint64_t h = XXH64(codes.data(), codes.size(), 0);
   EXPECT_EQ(h, 0x4B2776B8DC254E1DULL) << std::hex << h;
+}
+
+// Weight matrices (docs/FORMAT.md, "Weight matrices"): the bytes of each
+// format on a fixed matrix, identical under every target; and one small
+// tqB matrix spelled out byte for byte (the example in the docs).
+TEST(GoldenTest, WeightMatrixBytes) {
+  struct {
+    const char* name;
+    uint64_t hash;
+  } cases[] = {
+      {"tq4", 0x94ACF9EF28E08386ULL},  {"tq3g64", 0x9260B9B625EE7FD6ULL}, {"tq2", 0xB2C9B553EA204E45ULL},
+      {"tq8", 0x7B62C8F87B038577ULL},  {"q4_0", 0x32D073E06D137898ULL},   {"q3_0", 0x2A3BE36AB5C6D719ULL},
+      {"q8_0", 0x455D48BBF1EE91B3ULL}, {"q4_1", 0x37188A24FA1F985EULL},   {"f16", 0x889797ACDE23C7A8ULL},
+  };
+  const size_t rows = 5, cols = 200;  // tq groups 128 + 72 (= 64 + 8); baseline blocks 6 x 32 + 8
+  const auto w = FixedInput(rows, cols, 0x5745);
+  for (const auto& c : cases) {
+    auto spec = ParseWeightSpec(c.name);
+    ASSERT_TRUE(spec.ok());
+    spec->seed = 3;
+    spec->layer = 1;
+    testing::ForEachSimdTarget([&](int64_t target) {
+      auto m = WeightMatrix::Quantize(w, rows, cols, *spec);
+      ASSERT_TRUE(m.ok()) << c.name << ": " << m.status().ToString();
+      const std::vector<uint8_t> bytes(m->bytes().begin(), m->bytes().end());
+      const uint64_t h = XXH64(bytes.data(), bytes.size(), 0);
+      EXPECT_EQ(h, c.hash) << c.name << " on " << cpu::TargetName(target) << ": got 0x" << std::hex << h
+                           << " first bytes " << Hex(bytes, 16);
+    });
+    if (HasFatalFailure()) return;
+  }
+  // tq4g8, 2 x 16, seed 3, layer 1: group-major, each (group, row) is 4
+  // index bytes (nibbles, low first) and an fp16 scale.
+  const auto small = FixedInput(2, 16, 0x57);
+  auto m = WeightMatrix::Quantize(small, 2, 16, {.format = WeightFormat::kTurboQuant, .bits = 4, .group = 8,
+                                                 .seed = 3, .layer = 1});
+  ASSERT_TRUE(m.ok());
+  const std::vector<uint8_t> bytes(m->bytes().begin(), m->bytes().end());
+  EXPECT_EQ(Hex(bytes, bytes.size()), "54b99bd66b4e65baabe6174e7bcf932ab04466d7dbe8f945");
 }
 
 TEST(GoldenTest, CodebookFingerprints) {

@@ -690,6 +690,72 @@ TEST(Llama2c, TruncatedOrPaddedCheckpointsAreRejected) {
 }
 
 // ---------------------------------------------------------------------------
+// Compressed linear layers (tq eval --weights).
+// ---------------------------------------------------------------------------
+WeightSpec Spec4() { return {.format = WeightFormat::kTurboQuant, .bits = 4}; }
+
+TEST(QuantizeLinearLayers, ReplacesTheLinearMatricesOnly) {
+  const PlainModel p = SyntheticPlain();
+  auto m = ToModel(p);
+  ASSERT_TRUE(m.ok());
+  const ModelConfig& c = m->config();
+  const size_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const size_t per_layer = 2 * qd * c.dim + 2 * kvd * c.dim + 3 * c.hidden_dim * c.dim;
+  const auto tokens = SomeTokens(24, p.V, 5);
+  const auto ref = RunLogits(*m, tokens, DenseF32(), false);
+  double prev = 1e30;
+  for (const char* name : {"tq2", "tq4", "tq8", "f16"}) {
+    auto spec = ParseWeightSpec(name);
+    ASSERT_TRUE(spec.ok());
+    WeightQuantReport rep;
+    auto q = QuantizeLinearLayers(*m, *spec, 2, &rep);
+    ASSERT_TRUE(q.ok()) << name << ": " << q.status().ToString();
+    EXPECT_EQ(rep.quantized_weights, c.num_layers * per_layer) << name;
+    EXPECT_DOUBLE_EQ(rep.bits_per_weight, 8.0 * static_cast<double>(rep.bytes) / static_cast<double>(rep.quantized_weights));
+    // Embedding and norms are untouched; the linear layers changed (f16 by rounding).
+    EXPECT_EQ(q->weights().embedding, m->weights().embedding);
+    EXPECT_EQ(q->weights().layers[0].attn_norm, m->weights().layers[0].attn_norm);
+    EXPECT_NE(q->weights().layers[0].wq, m->weights().layers[0].wq);
+    const double err = MaxAbsDiff(RunLogits(*q, tokens, DenseF32(), false), ref);
+    EXPECT_LT(err, prev) << name << ": the logits' error must fall as the weight bits rise";
+    prev = err;
+  }
+  EXPECT_LT(prev, 1e-2);  // f16 weights
+  // Products from the codes (the fast kernels) against the reconstruction:
+  // f16 and q4_0 to fp32 rounding, tq4 within its integer kernel's rounding.
+  for (const char* name : {"f16", "q4_0", "tq4", "tq3"}) {
+    auto spec = ParseWeightSpec(name);
+    ASSERT_TRUE(spec.ok());
+    auto recon = QuantizeLinearLayers(*m, *spec, 2);
+    auto coded = QuantizeLinearLayers(*m, *spec, 2, nullptr, true);
+    ASSERT_TRUE(recon.ok() && coded.ok());
+    EXPECT_TRUE(recon->weights().layers[0].codes.empty());
+    ASSERT_EQ(coded->weights().layers[0].codes.size(), 7u);
+    EXPECT_EQ(coded->weights().layers[1].wq, recon->weights().layers[1].wq);
+    const auto a = RunLogits(*recon, tokens, DenseF32(), false);
+    const auto b = RunLogits(*coded, tokens, DenseF32(), false);
+    double scale = 0;
+    for (float v : a) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+    const double bound = spec->format == WeightFormat::kTurboQuant ? 0.05 : 1e-4;
+    EXPECT_LT(MaxAbsDiff(b, a), bound * scale) << name;
+    EXPECT_GT(MaxAbsDiff(b, a), 0.0) << name << ": the codes path must be a different computation";
+  }
+  // A model whose codes do not match its shapes is refused.
+  ModelWeights broken = m->weights();
+  auto coded = QuantizeLinearLayers(*m, Spec4(), 1, nullptr, true);
+  ASSERT_TRUE(coded.ok());
+  broken.layers[0].codes = coded->weights().layers[0].codes;
+  std::swap(broken.layers[0].codes[0], broken.layers[0].codes[6]);
+  auto refused = Model::FromWeights(m->config(), broken);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("codes wq"));
+  auto bad = QuantizeLinearLayers(*m, {.format = WeightFormat::kTurboQuant, .bits = 1}, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("layer 0 wq"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("bits must be in 2..8"));
+}
+
+// ---------------------------------------------------------------------------
 // Runner behaviour through the public attention API.
 // ---------------------------------------------------------------------------
 TEST(Runner, EveryPresetRunsAndFp16IsClose) {

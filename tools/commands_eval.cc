@@ -32,6 +32,7 @@
 #include "tq/metrics.h"
 #include "tq/model.h"
 #include "tq/random.h"
+#include "tq/weights.h"
 
 namespace tq::tools {
 namespace {
@@ -109,6 +110,9 @@ struct Mode {
   std::string name;
   RunnerOptions options;
   double bits_per_value = 0;
+  std::string weights = "f32";
+  double bits_per_weight = 32;
+  std::shared_ptr<const Model> model;  // null: the loaded fp32 model
 };
 
 Result<Mode> MakeMode(const std::string& name, const EvalOptions& o, size_t head_dim, size_t context) {
@@ -276,6 +280,24 @@ Result<EvalReport> RunEval(const EvalOptions& o, const std::function<void(size_t
     }
     modes.push_back(std::move(*m));
   }
+  if (!o.weights.empty()) {
+    // Every preset once per weight format, on that format's model.
+    std::vector<Mode> crossed;
+    for (const auto& wname : o.weights) {
+      TQ_ASSIGN_OR_RETURN(WeightSpec spec, ParseWeightSpec(wname));
+      spec.seed = o.seed;
+      WeightQuantReport wr;
+      TQ_ASSIGN_OR_RETURN(Model qm, QuantizeLinearLayers(model, spec, o.threads, &wr, o.weights_from_codes));
+      auto shared = std::make_shared<const Model>(std::move(qm));
+      for (Mode m : modes) {
+        m.weights = o.weights_from_codes ? wname + ":codes" : wname;
+        m.bits_per_weight = wr.bits_per_weight;
+        m.model = shared;
+        crossed.push_back(std::move(m));
+      }
+    }
+    modes = std::move(crossed);
+  }
   auto base = MakeMode("k4_v4", o, c.head_dim, context);
   if (base.ok()) rep.policy = base->options.policy;
 
@@ -336,10 +358,12 @@ Result<EvalReport> RunEval(const EvalOptions& o, const std::function<void(size_t
   // One preset; an error (say, a format the attention API does not support)
   // is reported in `skipped` and the others still run.
   auto eval_mode = [&](const Mode& m, EvalRow* out) -> Status {
-    TQ_ASSIGN_OR_RETURN(Runner r, Runner::Create(model, m.options));
+    TQ_ASSIGN_OR_RETURN(Runner r, Runner::Create(m.model ? *m.model : model, m.options));
     EvalRow row;
     row.preset = m.name;
     row.bits_per_value = m.bits_per_value;
+    row.weights = m.weights;
+    row.bits_per_weight = m.bits_per_weight;
     std::vector<float> rows, logits;
     const auto t0 = Clock::now();
     size_t fed = 0;
@@ -389,7 +413,7 @@ Result<EvalReport> RunEval(const EvalOptions& o, const std::function<void(size_t
   for (const Mode& m : modes) {
     EvalRow row;
     if (Status s = eval_mode(m, &row); !s.ok()) {
-      rep.skipped.push_back({m.name, s.ToString()});
+      rep.skipped.push_back({m.weights == "f32" ? m.name : m.weights + " + " + m.name, s.ToString()});
       continue;
     }
     rep.rows.push_back(row);
@@ -420,6 +444,8 @@ nlohmann::json ToJson(const EvalReport& r, size_t greedy_len) {
   j["results"] = nlohmann::json::array();
   for (const auto& x : r.rows) {
     j["results"].push_back({{"preset", x.preset},
+                            {"weights", x.weights},
+                            {"bits_per_weight", x.bits_per_weight},
                             {"family", PresetFamily(x.preset)},
                             {"bits_per_value", x.bits_per_value},
                             {"ppl", x.ppl},
@@ -449,10 +475,10 @@ void PrintReport(const EvalReport& r, size_t greedy_len) {
               r.policy.sink_tokens, r.policy.recent_window, r.policy.compress_chunk,
               r.policy.center_keys ? "on" : "off", r.policy.center_values ? "on" : "off");
   std::printf("dense fp32: ppl %.4f, passkey exact %.2f\n\n", r.dense_ppl, r.dense_passkey_exact);
-  Table t({"preset", "bits/value", "ppl", "KL mean", "KL max", "top-1", "greedy agree", "passkey", "KV bytes",
-           "vs fp16", "tok/s"});
+  Table t({"weights", "bits/weight", "preset", "bits/value", "ppl", "KL mean", "KL max", "top-1", "greedy agree",
+           "passkey", "KV bytes", "vs fp16", "tok/s"});
   for (const auto& x : r.rows) {
-    t.AddRow({x.preset, FmtFixed(x.bits_per_value, 3), FmtFixed(x.ppl, 4), Fmt(x.kl_mean, 3), Fmt(x.kl_max, 3),
+    t.AddRow({x.weights, FmtFixed(x.bits_per_weight, 3), x.preset, FmtFixed(x.bits_per_value, 3), FmtFixed(x.ppl, 4), Fmt(x.kl_mean, 3), Fmt(x.kl_max, 3),
               FmtFixed(x.top1_agree, 4), FmtFixed(x.greedy_agree, 1) + "/" + std::to_string(greedy_len),
               FmtFixed(x.passkey_exact, 2) + " (" + FmtFixed(x.passkey_agree, 2) + ")", std::to_string(x.kv_bytes),
               x.kv_bytes ? FmtFixed(static_cast<double>(x.kv_fp16_bytes) / static_cast<double>(x.kv_bytes), 2) + "x"
@@ -467,13 +493,24 @@ void PrintReport(const EvalReport& r, size_t greedy_len) {
 
 Status Plot(const EvalReport& r, const std::string& path) {
   PlotSpec plot;
-  plot.title = "KL of next-token distribution vs bits per value: " + r.model;
-  plot.x_label = "bits per value (K and V, all metadata)";
+  const bool weights = std::any_of(r.rows.begin(), r.rows.end(), [](const EvalRow& x) { return x.weights != "f32"; });
+  plot.title = std::string("KL of next-token distribution vs bits per ") + (weights ? "weight: " : "value: ") + r.model;
+  plot.x_label = weights ? "bits per weight (linear layers, all scales)" : "bits per value (K and V, all metadata)";
   plot.y_label = "mean KL vs dense fp32 (nats)";
   plot.log_y = true;
   std::map<std::string, std::vector<std::pair<double, double>>> fam;
   for (const auto& x : r.rows) {
-    if (x.kl_mean > 0 && x.preset != "dense-f32") fam[PresetFamily(x.preset)].push_back({x.bits_per_value, x.kl_mean});
+    if (x.kl_mean <= 0) continue;
+    if (x.weights != "f32") {
+      // Weight formats: x is bits per weight, one series per family and preset.
+      const char* f = x.weights.rfind("tq", 0) == 0 ? "TurboQuant weights"
+                      : x.weights.ends_with("_0")   ? "absmax int (qB_0)"
+                      : x.weights.ends_with("_1")   ? "scale+min int (qB_1)"
+                                                    : "f16";
+      fam[std::string(f) + ", KV " + x.preset].push_back({x.bits_per_weight, x.kl_mean});
+    } else if (x.preset != "dense-f32") {
+      fam[PresetFamily(x.preset)].push_back({x.bits_per_value, x.kl_mean});
+    }
   }
   for (auto& [name, pts] : fam) {
     std::sort(pts.begin(), pts.end());
@@ -536,6 +573,7 @@ void RegisterEval(CLI::App& app) {
   struct Args {
     EvalOptions o;
     std::string presets = "dense-f16,k8_v8,k4_v4,k3_v3,k2_v2,kivi4,kivi2";
+    std::string weights;
     std::string plot;
     bool json = false;
   };
@@ -552,6 +590,12 @@ void RegisterEval(CLI::App& app) {
   cmd->add_option("--preset", a->presets,
                   "comma-separated presets, dense-f16, dense-f32, or all (dense-f16 + every preset)")
       ->capture_default_str();
+  cmd->add_option("--weights", a->weights,
+                  "comma-separated weight formats for the linear layers (tq2, tq3, tq4, tq8, tq4g64, q4_0, "
+                  "q3_0, q8_0, q4_1, f16, ...): every preset runs once per format; default fp32 weights");
+  cmd->add_flag("--weights-from-codes", a->o.weights_from_codes,
+               "compute the compressed layers' products from the codes (the fast kernels), not on their "
+               "fp32 reconstruction");
   AddInteger(cmd, "--context", &a->o.context, "window length in tokens (0: the model's max_seq_len)", 0, kMaxTokens);
   AddInteger(cmd, "--max-tokens", &a->o.max_tokens, "use at most this many input tokens (0: all)", 0,
              uint64_t{1} << 32);
@@ -575,6 +619,10 @@ void RegisterEval(CLI::App& app) {
     std::stringstream ss(a->presets);
     for (std::string item; std::getline(ss, item, ',');) {
       if (!item.empty()) o.presets.push_back(item);
+    }
+    std::stringstream ws(a->weights);
+    for (std::string item; std::getline(ws, item, ',');) {
+      if (!item.empty()) o.weights.push_back(item);
     }
     Progress progress("eval");
     auto rep = RunEval(o, [&](size_t d, size_t t) { progress.Update(d, t); });

@@ -24,6 +24,14 @@ struct EvalOptions {
   // Preset names, plus "dense-f16" (own fp16 K/V through DenseKVView) and
   // "dense-f32" (the reference itself). "all" = dense-f16 and every preset.
   std::vector<std::string> presets;
+  // Weight formats (tq/weights.h names: tq4, q4_0, ...): each preset runs
+  // once per format on the model whose linear layers carry that format's
+  // reconstruction (QuantizeLinearLayers); empty = fp32 weights only.
+  std::vector<std::string> weights;
+  // Run those layers' products from the codes (WeightMatrix::Multiply, the
+  // fast kernels) instead of on their fp32 reconstruction; rows are labelled
+  // "<format>:codes".
+  bool weights_from_codes = false;
   size_t context = 0;      // window length in tokens, BOS included; 0 = the model's max_seq_len
   size_t max_tokens = 0;   // evaluate at most this many input tokens (0 = all)
   size_t threads = 0;
@@ -47,6 +55,8 @@ struct EvalOptions {
 struct EvalRow {
   std::string preset;
   double bits_per_value = 0;
+  std::string weights = "f32";     // the linear layers' format
+  double bits_per_weight = 32;     // of the linear layers, every scale counted
   double ppl = 0;
   double kl_mean = 0, kl_max = 0;  // KL(dense fp32 || preset) of next-token distributions, nats
   double top1_agree = 0;           // fraction of positions whose argmax equals the dense one

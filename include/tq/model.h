@@ -3,7 +3,9 @@
 // attention API -- the path a user integrates -- so that quality can be
 // measured with a real model in the loop (tq eval).
 //
-// Forward pass (fp32 weights and activations): token embedding; per layer
+// Forward pass (fp32 weights and activations; a model from
+// QuantizeLinearLayers with multiply_from_codes runs its linear layers from
+// their compressed matrices): token embedding; per layer
 // RMSNorm, q/k/v projections (+ optional bias), RoPE (theta from the config),
 // KVCache::Append then DecodeAttention (one token) or PrefillAttention (a
 // chunk), output projection, residual; RMSNorm, SwiGLU FFN
@@ -32,6 +34,7 @@
 
 #include "tq/kv_cache.h"
 #include "tq/status.h"
+#include "tq/weights.h"
 
 namespace tq {
 
@@ -73,6 +76,11 @@ struct LayerWeights {
   std::vector<float> ffn_norm;             // [dim]
   std::vector<float> w_gate, w_up;         // [hidden][dim]
   std::vector<float> w_down;               // [dim][hidden]
+  // Optional (QuantizeLinearLayers with multiply_from_codes): the compressed
+  // wq, wk, wv, wo, w_gate, w_up, w_down, in that order. When set, the
+  // runner computes those products from the codes (WeightMatrix::Multiply)
+  // and the fp32 vectors above hold their reconstruction.
+  std::vector<std::shared_ptr<const WeightMatrix>> codes;
 };
 
 struct ModelWeights {
@@ -105,6 +113,23 @@ class Model {
   ModelConfig config_;
   std::shared_ptr<const ModelWeights> weights_;
 };
+
+// ---------------------------------------------------------------------------
+// Weight compression of a loaded model (tq eval --weights): the linear layers
+// of every decoder layer (wq, wk, wv, wo, w_gate, w_up, w_down) compressed
+// in `spec` and replaced by the weights their codes stand for
+// (WeightMatrix::Dequantize), so the fp32 runner measures the format's
+// quality. Input group rotations derive from (spec.seed, layer index, input
+// group); the embedding, the norms and the classifier stay fp32. With
+// multiply_from_codes the model also keeps the compressed matrices
+// (LayerWeights::codes) and the runner multiplies from them.
+struct WeightQuantReport {
+  size_t quantized_weights = 0;  // weights in the compressed matrices
+  size_t bytes = 0;              // their stored bytes
+  double bits_per_weight = 0;    // 8 * bytes / quantized_weights
+};
+Result<Model> QuantizeLinearLayers(const Model& model, const WeightSpec& spec, size_t threads = 0,
+                                   WeightQuantReport* report = nullptr, bool multiply_from_codes = false);
 
 // ---------------------------------------------------------------------------
 // The runner: one sequence, its KV (a tq::KVCache with one layer per model

@@ -21,5 +21,6 @@
 #include "tq/simd.h"
 #include "tq/status.h"
 #include "tq/version.h"
+#include "tq/weights.h"
 
 #endif  // TQ_TQ_H_

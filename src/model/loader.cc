@@ -260,6 +260,21 @@ Result<Model> Model::FromWeights(ModelConfig c, ModelWeights w) {
       return InvalidArgumentError("model: " + p + "q/k/v biases given but the config has qkv_bias off");
     }
     TQ_RETURN_IF_ERROR(CheckTensor(L.ffn_norm, D, p + "ffn_norm"));
+    if (!L.codes.empty()) {
+      // Compressed linear layers: wq, wk, wv, wo, w_gate, w_up, w_down.
+      const size_t shapes[7][2] = {{qd, D}, {kvd, D}, {kvd, D}, {D, qd}, {F, D}, {F, D}, {D, F}};
+      const char* names[7] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+      if (L.codes.size() != 7) {
+        return InvalidArgumentError(p + "codes: 7 matrices (wq, wk, wv, wo, w_gate, w_up, w_down) or none, got " +
+                                    std::to_string(L.codes.size()));
+      }
+      for (size_t i = 0; i < 7; ++i) {
+        if (!L.codes[i] || L.codes[i]->rows() != shapes[i][0] || L.codes[i]->cols() != shapes[i][1]) {
+          return InvalidArgumentError(p + "codes " + names[i] + ": needs a " + std::to_string(shapes[i][0]) + " x " +
+                                      std::to_string(shapes[i][1]) + " matrix");
+        }
+      }
+    }
     TQ_RETURN_IF_ERROR(CheckTensor(L.w_gate, F * D, p + "w_gate"));
     TQ_RETURN_IF_ERROR(CheckTensor(L.w_up, F * D, p + "w_up"));
     TQ_RETURN_IF_ERROR(CheckTensor(L.w_down, D * F, p + "w_down"));

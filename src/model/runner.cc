@@ -51,6 +51,27 @@ void MatMul(const float* x, size_t n, size_t cols, const float* w, size_t rows, 
   });
 }
 
+// A layer's linear product `which` (0..6: wq, wk, wv, wo, w_gate, w_up,
+// w_down) from its compressed matrix when the layer has them, else MatMul on
+// the fp32 weights w. Shapes as MatMul's.
+// Errors: Multiply's (a non-finite activation; shapes were checked when the
+// model was built, Model::FromWeights).
+Status Linear(const LayerWeights& L, size_t which, const float* x, size_t n, size_t cols, const std::vector<float>& w,
+              size_t rows, const float* bias, float* out, size_t threads) {
+  if (L.codes.empty()) {
+    MatMul(x, n, cols, w.data(), rows, bias, out, threads);
+    return Status::Ok();
+  }
+  TQ_RETURN_IF_ERROR(L.codes[which]->Multiply(std::span<const float>(x, n * cols), n,
+                                              std::span<float>(out, n * rows), {.threads = threads}));
+  if (bias) {
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t r = 0; r < rows; ++r) out[t * rows + r] += bias[r];
+    }
+  }
+  return Status::Ok();
+}
+
 // RMSNorm of each of n rows of dim values: x / sqrt(mean(x^2) + eps) * w.
 void RmsNorm(const float* x, size_t n, size_t dim, const float* w, float eps, float* out) {
   for (size_t t = 0; t < n; ++t) {
@@ -261,9 +282,15 @@ Status Runner::Forward(std::span<const int32_t> tokens, std::span<float> logits)
   for (size_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     RmsNorm(m.x.data(), n, D, L.attn_norm.data(), c.norm_eps, m.xb.data());
-    MatMul(m.xb.data(), n, D, L.wq.data(), qd, c.qkv_bias ? L.bq.data() : nullptr, m.q.data(), T);
-    MatMul(m.xb.data(), n, D, L.wk.data(), kvd, c.qkv_bias ? L.bk.data() : nullptr, m.k.data(), T);
-    MatMul(m.xb.data(), n, D, L.wv.data(), kvd, c.qkv_bias ? L.bv.data() : nullptr, m.v.data(), T);
+    {
+      Status s = Linear(L, 0, m.xb.data(), n, D, L.wq, qd, c.qkv_bias ? L.bq.data() : nullptr, m.q.data(), T);
+      if (s.ok()) s = Linear(L, 1, m.xb.data(), n, D, L.wk, kvd, c.qkv_bias ? L.bk.data() : nullptr, m.k.data(), T);
+      if (s.ok()) s = Linear(L, 2, m.xb.data(), n, D, L.wv, kvd, c.qkv_bias ? L.bv.data() : nullptr, m.v.data(), T);
+      if (!s.ok()) {
+        m.broken = true;
+        return s;
+      }
+    }
     m.Rope(m.q.data(), n, H, m.pos);
     m.Rope(m.k.data(), n, KH, m.pos);
     if (m.opt.on_qkv) m.opt.on_qkv(l, m.pos, n, m.q, m.k, m.v);
@@ -271,16 +298,34 @@ Status Runner::Forward(std::span<const int32_t> tokens, std::span<float> logits)
       m.broken = true;
       return s;
     }
-    MatMul(m.att.data(), n, qd, L.wo.data(), D, nullptr, m.o.data(), T);
+    {
+      Status s = Linear(L, 3, m.att.data(), n, qd, L.wo, D, nullptr, m.o.data(), T);
+      if (!s.ok()) {
+        m.broken = true;
+        return s;
+      }
+    }
     for (size_t i = 0; i < n * D; ++i) m.x[i] += m.o[i];
     RmsNorm(m.x.data(), n, D, L.ffn_norm.data(), c.norm_eps, m.xb.data());
-    MatMul(m.xb.data(), n, D, L.w_gate.data(), F, nullptr, m.gate.data(), T);
-    MatMul(m.xb.data(), n, D, L.w_up.data(), F, nullptr, m.up.data(), T);
+    {
+      Status s = Linear(L, 4, m.xb.data(), n, D, L.w_gate, F, nullptr, m.gate.data(), T);
+      if (s.ok()) s = Linear(L, 5, m.xb.data(), n, D, L.w_up, F, nullptr, m.up.data(), T);
+      if (!s.ok()) {
+        m.broken = true;
+        return s;
+      }
+    }
     for (size_t i = 0; i < n * F; ++i) {
       const float g = m.gate[i];
       m.gate[i] = g / (1.0f + std::exp(-g)) * m.up[i];  // SiLU(gate) * up
     }
-    MatMul(m.gate.data(), n, F, L.w_down.data(), D, nullptr, m.o.data(), T);
+    {
+      Status s = Linear(L, 6, m.gate.data(), n, F, L.w_down, D, nullptr, m.o.data(), T);
+      if (!s.ok()) {
+        m.broken = true;
+        return s;
+      }
+    }
     for (size_t i = 0; i < n * D; ++i) m.x[i] += m.o[i];
   }
   m.pos += n;
