@@ -5,8 +5,8 @@
 # (scripts/install-python-deps.sh, idempotent).
 #   TQ_TEST_LABELS=unit ./scripts/test.sh   runs only C++ tests with that label.
 #   TQ_SKIP_PYTHON=1 ./scripts/test.sh      skips step 3 (the Python package).
-#   TQ_SKIP_SANITIZERS=1 ./scripts/test.sh  skips step 4 (sanitizers, fuzzing);
-#                                            CI runs it.
+#   TQ_SANITIZERS=1 ./scripts/test.sh       also runs step 4 (sanitizers, fuzzing);
+#                                            CI does not (yet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +44,8 @@ fi
 # 4. Sanitizers (scripts/sanitize.sh, docs/TESTING.md "Sanitizers"): the unit
 #    tests under ASan+UBSan (Clang), the multi-threaded tests under TSan
 #    (GCC), and 30 s of each libFuzzer target. Any report fails the run.
-if [ -z "${TQ_SKIP_SANITIZERS:-}" ]; then
+#    Opt-in: its two extra library builds have not yet been timed on a quiet
+#    2-core machine, and CI must stay under 45 minutes.
+if [ -n "${TQ_SANITIZERS:-}" ]; then
   ./scripts/sanitize.sh
 fi
