@@ -72,6 +72,22 @@ def good_meta(recipe="turboquant35", d=128, layers=2, heads=4):
     return V.build_metadata(recipe, d, layers, heads, key_channels=ch, value_channels=ch[::-1], calibration=cal)
 
 
+def test_metadata_malformed_types_and_bytes_raise_metadata_error(tmp_path):
+    """The inputs the recipe-metadata fuzzer found raising other errors."""
+    for field, value in (("recipe", ["k8v4"]), ("tensor_parallel", 1.5)):
+        with pytest.raises(V.MetadataError, match=field):
+            V.validate_metadata({**good_meta(), field: value})
+    with pytest.raises(V.MetadataError, match="codebook.kind"):
+        V.validate_metadata({**good_meta(), "codebook": {"kind": {}, "version": 1}})
+    path = tmp_path / V.METADATA_FILENAME
+    path.write_bytes(b'{"format": "\xf8"}')
+    with pytest.raises(V.MetadataError, match="UTF-8"):
+        V.load_metadata(str(path))
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(V.MetadataError, match="nested too deeply"):
+        V.load_metadata(str(path))
+
+
 def test_metadata_roundtrip_and_discovery(tmp_path):
     meta = good_meta()
     assert meta["version"] == V.METADATA_VERSION and meta["transform"]["kind"] == "block_hadamard"

@@ -69,7 +69,7 @@ def validate_metadata(meta: Any) -> Dict[str, Any]:
         _fail("format", f"is {meta.get('format')!r}; accepted: {METADATA_FORMAT!r}")
     _check_int(meta, "version", "version", accepted=(METADATA_VERSION,))
     recipe = meta.get("recipe")
-    if recipe not in CACHE_DTYPE_PRESETS:
+    if not isinstance(recipe, str) or recipe not in CACHE_DTYPE_PRESETS:
         _fail("recipe", f"is {recipe!r}; accepted: {', '.join(CACHE_DTYPE_PRESETS)}")
     preset = CACHE_DTYPE_PRESETS[recipe]
     head_size = _check_int(meta, "head_size", "head_size", lo=1)
@@ -81,7 +81,7 @@ def validate_metadata(meta: Any) -> Dict[str, Any]:
         sub = meta.get(name)
         if not isinstance(sub, dict):
             _fail(name, f"must be an object {{'kind', 'version'}}, got {sub!r}")
-        if sub.get("kind") not in table:
+        if not isinstance(sub.get("kind"), str) or sub.get("kind") not in table:
             _fail(f"{name}.kind", f"is {sub.get('kind')!r}; accepted: {list(table)}")
         _check_int(sub, "version", f"{name}.version", accepted=table[sub["kind"]])
     if "seed" in meta.get("transform", {}):
@@ -115,6 +115,8 @@ def validate_metadata(meta: Any) -> Dict[str, Any]:
             _check_int(cal, "num_tokens", "calibration.num_tokens", lo=1)
     tp = meta.get("tensor_parallel")
     if tp is not None:
+        if not isinstance(tp, dict):
+            _fail("tensor_parallel", f"must be an object {{'size', 'rank', 'kv_heads'}}, got {tp!r}")
         size = _check_int(tp, "size", "tensor_parallel.size", lo=1)
         rank = _check_int(tp, "rank", "tensor_parallel.rank", lo=0)
         if rank >= size:
@@ -171,10 +173,14 @@ def save_metadata(meta: Dict[str, Any], path: str) -> None:
 
 def load_metadata(path: str) -> Dict[str, Any]:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except json.JSONDecodeError as e:
         raise MetadataError(f"recipe metadata {path}: not valid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise MetadataError(f"recipe metadata {path}: not valid UTF-8 ({e})") from e
+    except RecursionError as e:
+        raise MetadataError(f"recipe metadata {path}: JSON nested too deeply to read") from e
     return validate_metadata(meta)
 
 
