@@ -13,7 +13,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "core/file_io.h"
 
 namespace tq::fuzz {
 
@@ -42,6 +45,14 @@ inline void WriteFileOrDie(const std::string& path, const uint8_t* data, size_t 
   if (f == nullptr) std::abort();
   if (size != 0 && std::fwrite(data, 1, size, f) != size) std::abort();
   if (std::fclose(f) != 0) std::abort();
+}
+
+// The whole file at `path` (tq::ReadWholeFile); aborts when it cannot be
+// read, since a round-trip check would compare against nothing.
+inline std::vector<uint8_t> ReadFileOrDie(const std::string& path) {
+  auto bytes = tq::ReadWholeFile(path);
+  if (!bytes.ok()) std::abort();
+  return std::move(*bytes);
 }
 
 // The scratch file `name` holding the input; returns its path.

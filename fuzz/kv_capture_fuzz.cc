@@ -43,16 +43,6 @@ tq::tools::KVCapture SeedCapture(bool with_q) {
   return c;
 }
 
-std::vector<uint8_t> ReadAll(const std::string& path) {
-  std::vector<uint8_t> out;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) std::abort();
-  uint8_t buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) out.insert(out.end(), buf, buf + n);
-  std::fclose(f);
-  return out;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -69,6 +59,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!capture.ok()) return 0;
   const std::string again = tq::fuzz::ScratchDir() + "/again.tqkvcap";
   if (!tq::tools::WriteKVCapture(again, *capture).ok()) std::abort();
-  if (ReadAll(again) != std::vector<uint8_t>(data, data + size)) std::abort();
+  if (tq::fuzz::ReadFileOrDie(again) != std::vector<uint8_t>(data, data + size)) std::abort();
   return 0;
 }

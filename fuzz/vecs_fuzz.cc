@@ -13,20 +13,6 @@
 #include "fuzz_util.h"
 #include "tq/index.h"
 
-namespace {
-
-std::vector<uint8_t> ReadAll(const std::string& path) {
-  std::vector<uint8_t> out;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) std::abort();
-  uint8_t buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) out.insert(out.end(), buf, buf + n);
-  std::fclose(f);
-  return out;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = tq::fuzz::SeedDir()) {
     std::vector<float> f(5 * 6);
@@ -46,11 +32,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t dim = 0;
   auto f = tq::ReadFvecs(path, &dim);
   if (f.ok()) {
-    if (!tq::WriteFvecs(again, *f, dim).ok() || ReadAll(again) != input) std::abort();
+    if (!tq::WriteFvecs(again, *f, dim).ok() || tq::fuzz::ReadFileOrDie(again) != input) std::abort();
   }
   auto i = tq::ReadIvecs(path, &dim);
   if (i.ok()) {
-    if (!tq::WriteIvecs(again, *i, dim).ok() || ReadAll(again) != input) std::abort();
+    if (!tq::WriteIvecs(again, *i, dim).ok() || tq::fuzz::ReadFileOrDie(again) != input) std::abort();
   }
   return 0;
 }

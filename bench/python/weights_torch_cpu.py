@@ -1,6 +1,6 @@
 """torch's CPU matmul on the shapes of bench/weights_bench.cc, for comparison
-with tq::WeightMatrix::Multiply in the same session (run one right after the
-other on the same machine; compare ratios, these machines are shared).
+with tq::WeightMatrix::Multiply (run one right after the other on the same
+machine and compare ratios; timings move with other load on the machine).
 
     python3 bench/python/weights_torch_cpu.py --threads 2
 

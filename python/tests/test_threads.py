@@ -67,21 +67,29 @@ def _run_threads(target, count):
     assert errors == []
 
 
-def test_threads_on_their_own_sequences_equal_the_serial_run():
-    steps = [_steps(100 + t, 12) for t in range(THREADS)]
-    serial_cache = _new_cache()
-    serial = [_run_sequence(serial_cache, t, steps[t]) for t in range(THREADS)]
-    shared = _new_cache()
+def _threaded_equals_serial(new_cache, run, seed, count):
+    """Runs sequence t's steps (run(cache, t, steps)) for every t, first one
+    after another on one cache, then from THREADS threads on another; the
+    outputs of every sequence must be equal. Returns (serial, threaded) caches."""
+    steps = [_steps(seed + t, count) for t in range(THREADS)]
+    serial_cache = new_cache()
+    serial = [run(serial_cache, t, steps[t]) for t in range(THREADS)]
+    shared = new_cache()
     results = [None] * THREADS
 
     def work(t):
-        results[t] = _run_sequence(shared, t, steps[t])
+        results[t] = run(shared, t, steps[t])
 
     _run_threads(work, THREADS)
     for t in range(THREADS):
         assert len(results[t]) == len(serial[t])
         for a, b in zip(results[t], serial[t]):
             np.testing.assert_array_equal(a, b)
+    return serial_cache, shared
+
+
+def test_threads_on_their_own_sequences_equal_the_serial_run():
+    serial_cache, shared = _threaded_equals_serial(_new_cache, _run_sequence, 100, 12)
     assert shared.ledger() == serial_cache.ledger()
 
 
@@ -118,21 +126,9 @@ def test_paged_cache_threads_equal_the_serial_run():
             cache.add_sequence()
         return cache
 
-    steps = [_steps(300 + t, 10) for t in range(THREADS)]
-    serial_cache = new_paged()
-    serial = [run(serial_cache, t, steps[t]) for t in range(THREADS)]
-    shared = new_paged()
-    results = [None] * THREADS
-
-    def work(t):
-        results[t] = run(shared, t, steps[t])
-
-    _run_threads(work, THREADS)
-    for t in range(THREADS):
-        # Pages are handed out in the threads' order, so slots differ; what
-        # each sequence holds and decodes does not.
-        for a, b in zip(results[t], serial[t]):
-            np.testing.assert_array_equal(a, b)
+    # Pages are handed out in the threads' order, so slots differ; what each
+    # sequence holds and decodes does not.
+    _threaded_equals_serial(new_paged, run, 300, 10)
 
 
 def test_timed_stress_on_one_cache():

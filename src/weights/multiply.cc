@@ -126,6 +126,16 @@ void MultiplyDequantized(const WeightMatrix::State& st, const float* x, size_t b
   });
 }
 
+// A baseline kernel over a.rows, rows split across threads in runs of 16.
+void RunOverRows(const weights::GemvArgs& a, size_t threads, void (*kernel)(const weights::GemvArgs&)) {
+  ParallelFor(a.rows, threads, 16, [&](size_t begin, size_t end) {
+    weights::GemvArgs t = a;
+    t.row_begin = begin;
+    t.row_end = end;
+    kernel(t);
+  });
+}
+
 }  // namespace
 
 Status WeightMatrix::Multiply(std::span<const float> x, size_t batch, std::span<float> y,
@@ -163,12 +173,7 @@ Status WeightMatrix::Multiply(std::span<const float> x, size_t batch, std::span<
   if (spec.format == WeightFormat::kF16) {
     a.x = x.data();
     a.x_stride = st.cols;
-    ParallelFor(st.rows, options.threads, 16, [&](size_t begin, size_t end) {
-      weights::GemvArgs t = a;
-      t.row_begin = begin;
-      t.row_end = end;
-      weights::GemvF16(t);
-    });
+    RunOverRows(a, options.threads, weights::GemvF16);
     return Status::Ok();
   }
   if (spec.format == WeightFormat::kAbsmax && spec.bits == 4) {
@@ -182,12 +187,7 @@ Status WeightMatrix::Multiply(std::span<const float> x, size_t batch, std::span<
     a.x_stride = st.cols;
     a.x_sum = sums.data();
     a.x_sum_stride = full ? full : 1;
-    ParallelFor(st.rows, options.threads, 16, [&](size_t begin, size_t end) {
-      weights::GemvArgs t = a;
-      t.row_begin = begin;
-      t.row_end = end;
-      weights::GemvQ4(t);
-    });
+    RunOverRows(a, options.threads, weights::GemvQ4);
     return Status::Ok();
   }
   MultiplyDequantized(st, x.data(), batch, y.data(), options.threads);
